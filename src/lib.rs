@@ -1,0 +1,5 @@
+//! xla_node: a hidden Erlang node that hosts an XLA executor and calls back into the cluster.
+
+pub mod node;
+pub mod server;
+pub mod xla;

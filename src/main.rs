@@ -1,0 +1,114 @@
+//! `xla_node`: start a hidden Erlang node that serves XLA to the cluster.
+//!
+//! Flags follow `erl` where one exists (`--sname`, `--name`, `--cookie`, the `inet_dist_*`
+//! listen options, `net_ticktime`), so that starting it feels like starting any other node.
+
+use anyhow::Context;
+use clap::Parser;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use xla_node::node::{cookie, Node, NodeConfig};
+use xla_node::server::{self, ServerConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "A hidden Erlang node that compiles and runs XLA programs for the cluster"
+)]
+struct Cli {
+    /// Short node name, as `erl -sname`: `xla` becomes `xla@<short hostname>`.
+    #[arg(long, conflicts_with = "name", required_unless_present = "name")]
+    sname: Option<String>,
+    /// Long node name, as `erl -name`: `xla@host.domain` (or `xla`, completed with the hostname).
+    #[arg(long)]
+    name: Option<String>,
+    /// Magic cookie; default: the contents of $HOME/.erlang.cookie (created if missing), as `erl`.
+    #[arg(long, env = "XLA_NODE_COOKIE", hide_env_values = true)]
+    cookie: Option<String>,
+    /// Address to listen on for distribution connections (kernel `inet_dist_use_interface`).
+    #[arg(long, default_value = "0.0.0.0")]
+    inet_dist_use_interface: IpAddr,
+    /// Lowest listen port (kernel `inet_dist_listen_min`); 0 picks any free port.
+    #[arg(long, default_value_t = 0)]
+    inet_dist_listen_min: u16,
+    /// Highest listen port (kernel `inet_dist_listen_max`); defaults to the minimum.
+    #[arg(long)]
+    inet_dist_listen_max: Option<u16>,
+    /// Seconds of silence after which a peer is considered down (kernel `net_ticktime`).
+    #[arg(long, default_value_t = 60)]
+    net_ticktime: u64,
+    /// PJRT plugin to load (default: the CPU plugin installed by scripts/setup.sh).
+    #[arg(long, env = "XLA_NODE_PJRT_PLUGIN")]
+    pjrt_plugin: Option<PathBuf>,
+    /// Default bound, in seconds, on the wait for each host callback's reply.
+    #[arg(long, default_value_t = 60)]
+    callback_timeout: u64,
+}
+
+fn full_name(cli: &Cli) -> anyhow::Result<String> {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    Ok(match (&cli.sname, &cli.name) {
+        (Some(s), _) if s.contains('@') => s.clone(),
+        (Some(s), _) => format!("{s}@{}", host.split('.').next().unwrap_or(&host)),
+        (None, Some(n)) if n.contains('@') => n.clone(),
+        (None, Some(n)) => format!("{n}@{host}"),
+        (None, None) => anyhow::bail!("give --sname or --name"),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("XLA_NODE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;
+    let config = NodeConfig {
+        name: full_name(&cli)?,
+        cookie: match &cli.cookie {
+            Some(c) => c.clone(),
+            None => cookie::load_or_create().context("reading $HOME/.erlang.cookie")?,
+        },
+        listen_address: cli.inet_dist_use_interface,
+        port_min: cli.inet_dist_listen_min,
+        port_max: cli.inet_dist_listen_max.unwrap_or(cli.inet_dist_listen_min),
+        net_ticktime: Duration::from_secs(cli.net_ticktime.max(1)),
+    };
+    // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(16 << 20)
+        .build()?;
+    runtime.block_on(async move {
+        let node = Node::start(config).await?;
+        let server = server::start(
+            &node,
+            ServerConfig {
+                plugin,
+                callback_timeout: Duration::from_secs(cli.callback_timeout),
+            },
+        )?;
+        wait_for_signal().await?;
+        tracing::info!("shutting down");
+        node.shutdown().await;
+        drop(server);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // Executor threads may still be finishing a run; the process exits without waiting for them.
+    std::process::exit(0)
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

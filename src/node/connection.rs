@@ -1,0 +1,222 @@
+//! One established distribution connection: a reader and a batching writer over one TCP stream.
+//!
+//! Writer: every queued message is encoded by the writer task, and everything queued at that
+//! moment goes out in one `write` (one TCP segment for small messages; TCP_NODELAY is set).
+//! Messages too large for one fragment are cut into 64 KiB fragments, and the writer sends one
+//! fragment per round, so a 64 MiB transfer does not stall small messages from other processes.
+//! Messages from one sender stay in order: once a sender has a message in fragments, its later
+//! messages wait in the same lane. Ticks go out when nothing else has been written for a tick
+//! interval.
+//!
+//! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
+//! silent for `net_ticktime` is declared down; so is one that sends anything malformed.
+
+use super::frame::{self, Fragmenter, FrameDecoder};
+use super::handshake::PeerInfo;
+use super::peers::Outgoing;
+use super::{flags, signals, Node};
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Stop adding queued messages to a batch once it is this large.
+const BATCH_LIMIT: usize = 256 * 1024;
+
+/// Largest single frame accepted (pass-through frames carry whole messages when FRAGMENTS is off).
+const MAX_FRAME: usize = frame::MAX_MESSAGE_SIZE;
+
+/// Runs the connection until it fails, the peer goes silent, or `cancel` fires. Returns why it
+/// ended, for the nodedown log line.
+pub async fn run(
+    node: &Node,
+    peer: &str,
+    stream: TcpStream,
+    info: &PeerInfo,
+    queue: mpsc::UnboundedReceiver<Outgoing>,
+    cancel: CancellationToken,
+) -> String {
+    let (read_half, write_half) = stream.into_split();
+    let header_format = info.flags & flags::FRAGMENTS != 0;
+    let ticktime = node.net_ticktime();
+    // A quarter of net_ticktime, as OTP; at most a second so that peers configured with a shorter
+    // net_ticktime than ours still hear from us in time.
+    let tick_interval = (ticktime / 4).min(Duration::from_secs(1));
+    let reader = read_loop(node, peer, read_half, ticktime);
+    let writer = write_loop(node, write_half, queue, header_format, tick_interval);
+    tokio::select! {
+        r = reader => r,
+        w = writer => w,
+        _ = cancel.cancelled() => "closed by this node".to_string(),
+    }
+}
+
+async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Duration) -> String {
+    let mut reader = BufReader::with_capacity(256 * 1024, half);
+    let mut decoder = FrameDecoder::default();
+    loop {
+        let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
+            Err(_) => return format!("no data for net_ticktime ({ticktime:?})"),
+            Ok(Err(e)) => return format!("connection closed ({e})"),
+            Ok(Ok(len)) => len as usize,
+        };
+        if len == 0 {
+            continue; // tick
+        }
+        if len > MAX_FRAME {
+            tracing::warn!(%peer, "frame of {len} bytes exceeds the limit; dropping the connection");
+            return format!("frame of {len} bytes");
+        }
+        // Grow as bytes arrive rather than trusting the length up front.
+        let mut body = Vec::with_capacity(len.min(1 << 20));
+        match tokio::time::timeout(
+            ticktime,
+            (&mut reader).take(len as u64).read_to_end(&mut body),
+        )
+        .await
+        {
+            Ok(Ok(n)) if n == len => {}
+            Ok(Ok(n)) => return format!("connection closed inside a frame ({n} of {len} bytes)"),
+            Ok(Err(e)) => return format!("connection closed ({e})"),
+            Err(_) => return "frame body stalled for net_ticktime".to_string(),
+        }
+        let message = match decoder.decode(&body) {
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
+                return format!("malformed frame: {e}");
+            }
+        };
+        if let Err(e) = signals::handle(node, peer, message) {
+            tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
+            return format!("malformed control message: {e}");
+        }
+    }
+}
+
+/// A sender's messages that must wait behind one of its messages being sent in fragments.
+enum Unit {
+    Frame(Vec<u8>),
+    Fragments(Fragmenter),
+}
+
+#[derive(Default)]
+struct Lanes {
+    lanes: HashMap<u32, VecDeque<Unit>>,
+    order: VecDeque<u32>,
+}
+
+impl Lanes {
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn push(&mut self, sender: u32, unit: Unit) {
+        let lane = self.lanes.entry(sender).or_default();
+        if lane.is_empty() {
+            self.order.push_back(sender);
+        }
+        lane.push_back(unit);
+    }
+
+    fn has(&self, sender: u32) -> bool {
+        self.lanes.get(&sender).is_some_and(|l| !l.is_empty())
+    }
+
+    /// Writes, for each lane in turn, its leading whole frames and one fragment.
+    fn write_round(&mut self, out: &mut Vec<u8>) {
+        for _ in 0..self.order.len() {
+            let sender = self.order.pop_front().expect("counted");
+            let lane = self.lanes.get_mut(&sender).expect("ordered lanes exist");
+            while let Some(unit) = lane.front_mut() {
+                match unit {
+                    Unit::Frame(bytes) => {
+                        out.extend_from_slice(bytes);
+                        lane.pop_front();
+                    }
+                    Unit::Fragments(f) => {
+                        if !f.write_next(out) {
+                            lane.pop_front();
+                        }
+                        break;
+                    }
+                }
+            }
+            if lane.is_empty() {
+                self.lanes.remove(&sender);
+            } else {
+                self.order.push_back(sender);
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    node: &Node,
+    mut half: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+    header_format: bool,
+    tick_interval: Duration,
+) -> String {
+    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut lanes = Lanes::default();
+    let mut ticker = tokio::time::interval(tick_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut wrote_since_tick = false;
+    let add = |batch: &mut Vec<u8>, lanes: &mut Lanes, out: Outgoing| {
+        let body =
+            frame::encode_message(&out.control.to_term(), out.payload.as_ref(), header_format);
+        if header_format && Fragmenter::needed(&body) {
+            lanes.push(
+                out.sender,
+                Unit::Fragments(Fragmenter::new(node.next_sequence(), body)),
+            );
+        } else if lanes.has(out.sender) {
+            let mut frame = Vec::with_capacity(body.len() + 4);
+            frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            frame.extend_from_slice(&body);
+            lanes.push(out.sender, Unit::Frame(frame));
+        } else {
+            batch.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            batch.extend_from_slice(&body);
+        }
+    };
+    loop {
+        batch.clear();
+        if lanes.is_empty() {
+            tokio::select! {
+                next = queue.recv() => match next {
+                    Some(out) => add(&mut batch, &mut lanes, out),
+                    None => return "queue closed".to_string(),
+                },
+                _ = ticker.tick() => {
+                    if !wrote_since_tick {
+                        batch.extend_from_slice(&[0, 0, 0, 0]);
+                    }
+                    wrote_since_tick = false;
+                }
+            }
+        }
+        while batch.len() < BATCH_LIMIT {
+            match queue.try_recv() {
+                Ok(out) => add(&mut batch, &mut lanes, out),
+                Err(_) => break,
+            }
+        }
+        lanes.write_round(&mut batch);
+        if batch.is_empty() {
+            continue;
+        }
+        if let Err(e) = half.write_all(&batch).await {
+            return format!("write failed ({e})");
+        }
+        wrote_since_tick = true;
+        if batch.capacity() > 4 * BATCH_LIMIT {
+            batch = Vec::with_capacity(64 * 1024); // give back memory after a large message
+        }
+    }
+}

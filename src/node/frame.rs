@@ -1,0 +1,312 @@
+//! Frames of an established distribution connection: `Length:32` followed by the body.
+//!
+//! A body is one of
+//! - empty: a tick;
+//! - `112` + control + payload, each with version byte: the pass-through format, used only when
+//!   DFLAG_FRAGMENTS is not negotiated;
+//! - `131 'D'` distribution header (no atom cache: zero references) + control + payload without
+//!   version bytes;
+//! - `131 'E'` / `131 'F'`: the first and following fragments of a large message, reassembled here.
+//!
+//! OTP requires the header format back once FRAGMENTS is negotiated (a pass-through frame then kills
+//! the connection), so [`encode_message`] picks the format from the negotiated flags.
+
+use super::control::ControlMessage;
+use super::term::{decode_at, encode_bare_into, encode_into, TermError};
+use eetf::Term;
+use std::collections::HashMap;
+
+/// Size of the data in each outgoing fragment, as OTP uses.
+pub const FRAGMENT_SIZE: usize = 64 * 1024;
+
+/// Largest message (after reassembly) accepted from a peer.
+pub const MAX_MESSAGE_SIZE: usize = 1 << 31;
+
+const PASS_THROUGH: u8 = 112;
+const VERSION_MAGIC: u8 = 131;
+const DIST_HEADER: u8 = b'D';
+const DIST_FRAG_HEADER: u8 = b'E';
+const DIST_FRAG_CONT: u8 = b'F';
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad term in frame: {0}")]
+    Term(#[from] TermError),
+    #[error("{0}")]
+    Control(#[from] super::control::ControlError),
+    #[error("unknown frame type {0:?}")]
+    UnknownType(Vec<u8>),
+    #[error("atom cache references in a distribution header (the atom cache was not negotiated)")]
+    AtomCache,
+    #[error("fragment {id} of sequence {seq} arrived out of order")]
+    FragmentOrder { seq: u64, id: u64 },
+    #[error("message larger than {MAX_MESSAGE_SIZE} bytes")]
+    TooLarge,
+    #[error("{0} bytes after the end of the message")]
+    Trailing(usize),
+}
+
+/// A decoded message: the control tuple and, for operations that have one, the payload term.
+#[derive(Debug)]
+pub struct Message {
+    pub control: Term,
+    pub payload: Option<Term>,
+}
+
+struct Reassembly {
+    next_id: u64,
+    data: Vec<u8>,
+}
+
+/// Turns frame bodies into messages, holding partially received fragmented messages.
+#[derive(Default)]
+pub struct FrameDecoder {
+    in_progress: HashMap<u64, Reassembly>,
+}
+
+impl FrameDecoder {
+    /// Decodes one non-empty frame body. Returns `None` for a fragment that does not complete a
+    /// message yet.
+    pub fn decode(&mut self, body: &[u8]) -> Result<Option<Message>, FrameError> {
+        match body {
+            [PASS_THROUGH, VERSION_MAGIC, ..] => {
+                let (control, end) = decode_at(body, 2)?;
+                let payload = if ControlMessage::has_payload(ControlMessage::op_of(&control)?) {
+                    if body.get(end) != Some(&VERSION_MAGIC) {
+                        return Err(
+                            TermError::Malformed(end, "payload without version byte").into()
+                        );
+                    }
+                    let (payload, end) = decode_at(body, end + 1)?;
+                    check_end(body, end)?;
+                    Some(payload)
+                } else {
+                    check_end(body, end)?;
+                    None
+                };
+                Ok(Some(Message { control, payload }))
+            }
+            [VERSION_MAGIC, DIST_HEADER, refs, ..] => {
+                if *refs != 0 {
+                    return Err(FrameError::AtomCache);
+                }
+                decode_message(&body[3..]).map(Some)
+            }
+            [VERSION_MAGIC, DIST_FRAG_HEADER, ..] => {
+                let (seq, id) = fragment_ids(body)?;
+                match body.get(18) {
+                    Some(0) => {}
+                    Some(_) => return Err(FrameError::AtomCache),
+                    None => return Err(TermError::Truncated(18).into()),
+                }
+                let data = &body[19..];
+                if id <= 1 {
+                    return decode_message(data).map(Some);
+                }
+                self.in_progress.insert(
+                    seq,
+                    Reassembly {
+                        next_id: id - 1,
+                        data: data.to_vec(),
+                    },
+                );
+                Ok(None)
+            }
+            [VERSION_MAGIC, DIST_FRAG_CONT, ..] => {
+                let (seq, id) = fragment_ids(body)?;
+                let Some(partial) = self.in_progress.get_mut(&seq) else {
+                    return Err(FrameError::FragmentOrder { seq, id });
+                };
+                if partial.next_id != id {
+                    return Err(FrameError::FragmentOrder { seq, id });
+                }
+                if partial.data.len() + body.len() > MAX_MESSAGE_SIZE {
+                    return Err(FrameError::TooLarge);
+                }
+                partial.data.extend_from_slice(&body[18..]);
+                partial.next_id -= 1;
+                if id > 1 {
+                    return Ok(None);
+                }
+                let done = self.in_progress.remove(&seq).expect("present above");
+                decode_message(&done.data).map(Some)
+            }
+            _ => Err(FrameError::UnknownType(
+                body.iter().take(8).copied().collect(),
+            )),
+        }
+    }
+}
+
+fn fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
+    let seq = body.get(2..10).ok_or(TermError::Truncated(2))?;
+    let id = body.get(10..18).ok_or(TermError::Truncated(10))?;
+    Ok((
+        u64::from_be_bytes(seq.try_into().expect("8 bytes")),
+        u64::from_be_bytes(id.try_into().expect("8 bytes")),
+    ))
+}
+
+fn check_end(body: &[u8], end: usize) -> Result<(), FrameError> {
+    if end == body.len() {
+        Ok(())
+    } else {
+        Err(FrameError::Trailing(body.len() - end))
+    }
+}
+
+/// Control + optional payload, both without version bytes.
+fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
+    let (control, end) = decode_at(data, 0)?;
+    let payload = if ControlMessage::has_payload(ControlMessage::op_of(&control)?) {
+        let (payload, end) = decode_at(data, end)?;
+        check_end(data, end)?;
+        Some(payload)
+    } else {
+        check_end(data, end)?;
+        None
+    };
+    Ok(Message { control, payload })
+}
+
+/// Encodes one message body (without the length prefix) in the format the peer expects.
+pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64);
+    if header_format {
+        body.extend_from_slice(&[VERSION_MAGIC, DIST_HEADER, 0]);
+        encode_bare_into(control, &mut body);
+        if let Some(payload) = payload {
+            encode_bare_into(payload, &mut body);
+        }
+    } else {
+        body.push(PASS_THROUGH);
+        encode_into(control, &mut body);
+        if let Some(payload) = payload {
+            encode_into(payload, &mut body);
+        }
+    }
+    body
+}
+
+/// Splits an encoded header-format body into `131 'E'` / `131 'F'` frames, one at a time, so the
+/// writer can interleave other messages between them.
+pub struct Fragmenter {
+    sequence: u64,
+    body: Vec<u8>,
+    offset: usize,
+    next_id: u64,
+}
+
+impl Fragmenter {
+    /// `body` must come from [`encode_message`] with `header_format`.
+    pub fn new(sequence: u64, body: Vec<u8>) -> Self {
+        let data_len = body.len() - 3;
+        let count = data_len.div_ceil(FRAGMENT_SIZE).max(1) as u64;
+        Fragmenter {
+            sequence,
+            body,
+            offset: 3,
+            next_id: count,
+        }
+    }
+
+    /// Whether a body is large enough to be sent in fragments.
+    pub fn needed(body: &[u8]) -> bool {
+        body.len() > FRAGMENT_SIZE + 3
+    }
+
+    /// Appends the next fragment as a complete frame (length prefix included) to `out`.
+    /// Returns false once the last fragment has been written.
+    pub fn write_next(&mut self, out: &mut Vec<u8>) -> bool {
+        let end = (self.offset + FRAGMENT_SIZE).min(self.body.len());
+        let first = self.offset == 3;
+        let header_len = if first { 19 } else { 18 };
+        let len = header_len + (end - self.offset);
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+        out.extend_from_slice(&[
+            VERSION_MAGIC,
+            if first {
+                DIST_FRAG_HEADER
+            } else {
+                DIST_FRAG_CONT
+            },
+        ]);
+        out.extend_from_slice(&self.sequence.to_be_bytes());
+        out.extend_from_slice(&self.next_id.to_be_bytes());
+        if first {
+            out.push(0); // no atom cache references
+        }
+        out.extend_from_slice(&self.body[self.offset..end]);
+        self.offset = end;
+        self.next_id -= 1;
+        self.next_id > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::term::{atom, binary, int, tuple};
+
+    #[test]
+    fn fragments_reassemble_into_the_same_message() {
+        let control = tuple(vec![
+            int(6),
+            Term::from(eetf::Pid::new("a@b", 1, 0, 1)),
+            atom(""),
+            atom("xla"),
+        ]);
+        let payload = binary(vec![7u8; 3 * FRAGMENT_SIZE + 11]);
+        let body = encode_message(&control, Some(&payload), true);
+        assert!(Fragmenter::needed(&body));
+        let mut fragments = Fragmenter::new(42, body);
+        let mut frames = Vec::new();
+        loop {
+            let mut out = Vec::new();
+            let more = fragments.write_next(&mut out);
+            frames.push(out);
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(frames.len(), 4);
+        let mut decoder = FrameDecoder::default();
+        let mut result = None;
+        for frame in frames {
+            result = decoder.decode(&frame[4..]).unwrap();
+        }
+        let message = result.expect("last fragment completes the message");
+        assert_eq!(message.control, control);
+        assert_eq!(message.payload, Some(payload));
+    }
+
+    #[test]
+    fn pass_through_and_header_formats_decode_alike() {
+        let control = tuple(vec![
+            int(2),
+            atom(""),
+            Term::from(eetf::Pid::new("a@b", 1, 0, 1)),
+        ]);
+        let payload = atom("hello");
+        for header in [false, true] {
+            let body = encode_message(&control, Some(&payload), header);
+            let m = FrameDecoder::default().decode(&body).unwrap().unwrap();
+            assert_eq!(m.control, control);
+            assert_eq!(m.payload.as_ref(), Some(&payload));
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let mut decoder = FrameDecoder::default();
+        for body in [
+            &[1u8, 2, 3][..],
+            &[131, 68, 5],
+            &[131, 70, 0, 0],
+            &[112, 131, 82, 1],
+            &[131, 68, 0, 104],
+        ] {
+            assert!(decoder.decode(body).is_err());
+        }
+    }
+}

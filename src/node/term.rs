@@ -1,0 +1,431 @@
+//! Erlang terms as they cross the wire: a bounds-and-depth check in front of `eetf`, plus small
+//! builders for the terms the node itself makes.
+//!
+//! `eetf` decodes recursively, pre-allocates from untrusted length fields and panics on tags it
+//! does not implement (atom cache references, distribution headers). Every byte that comes off a
+//! socket is therefore walked first by [`scan`], an iterative checker that knows each tag's layout:
+//! it finds where a term ends, rejects unknown or unsupported tags, checks every length against the
+//! bytes that are really there and bounds the nesting depth. Only then is the slice handed to eetf.
+
+use eetf::{Atom, Binary, FixInteger, List, Pid, Reference, Term, Tuple};
+use std::io::Read;
+
+/// Deepest nesting of containers accepted from the network. The BEAM has no such limit, but the
+/// decoder, encoder and `Drop` of `eetf::Term` recurse, so an unbounded depth would let a peer
+/// overflow our stack. Real messages stay far below this.
+pub const MAX_DEPTH: usize = 1000;
+
+const VERSION_MAGIC: u8 = 131;
+
+/// Why a term was rejected before decoding.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TermError {
+    #[error("term truncated at byte {0}")]
+    Truncated(usize),
+    #[error("unsupported term tag {tag} at byte {at}")]
+    UnsupportedTag { tag: u8, at: usize },
+    #[error("term nested deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+    #[error("malformed term at byte {0}: {1}")]
+    Malformed(usize, &'static str),
+    #[error("term decoder failed: {0}")]
+    Decode(String),
+}
+
+/// Walks one term in external format (without the version byte) starting at `start` and returns
+/// the offset just past it. Iterative: `pending` counts how many terms each open container still
+/// owes, so depth costs heap, not stack.
+pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
+    let mut pos = start;
+    let mut pending: Vec<u64> = vec![1];
+    while let Some(top) = pending.last_mut() {
+        if *top == 0 {
+            pending.pop();
+            continue;
+        }
+        *top -= 1;
+        let tag_at = pos;
+        let tag = byte(buf, pos)?;
+        pos += 1;
+        let children: u64 = match tag {
+            97 => skip(buf, &mut pos, 1)?,  // SMALL_INTEGER_EXT
+            98 => skip(buf, &mut pos, 4)?,  // INTEGER_EXT
+            70 => skip(buf, &mut pos, 8)?,  // NEW_FLOAT_EXT
+            99 => skip(buf, &mut pos, 31)?, // FLOAT_EXT
+            106 => 0,                       // NIL_EXT
+            100 | 118 => {
+                // ATOM_EXT, ATOM_UTF8_EXT
+                let len = u16_at(buf, &mut pos)? as usize;
+                atom_text(buf, &mut pos, len, tag == 118)?;
+                0
+            }
+            115 | 119 => {
+                // SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT
+                let len = byte(buf, pos)? as usize;
+                pos += 1;
+                atom_text(buf, &mut pos, len, tag == 119)?;
+                0
+            }
+            107 => {
+                // STRING_EXT
+                let len = u16_at(buf, &mut pos)? as usize;
+                skip(buf, &mut pos, len)?
+            }
+            109 => {
+                // BINARY_EXT
+                let len = u32_at(buf, &mut pos)? as usize;
+                skip(buf, &mut pos, len)?
+            }
+            77 => {
+                // BIT_BINARY_EXT: the last byte holds 1..=8 significant bits
+                let len = u32_at(buf, &mut pos)? as usize;
+                let bits = byte(buf, pos)?;
+                pos += 1;
+                if len == 0 && bits != 0 || len > 0 && !(1..=8).contains(&bits) {
+                    return Err(TermError::Malformed(tag_at, "bit count out of range"));
+                }
+                skip(buf, &mut pos, len)?
+            }
+            110 | 111 => {
+                // SMALL_BIG_EXT, LARGE_BIG_EXT
+                let n = if tag == 110 {
+                    let n = byte(buf, pos)? as usize;
+                    pos += 1;
+                    n
+                } else {
+                    u32_at(buf, &mut pos)? as usize
+                };
+                let sign = byte(buf, pos)?;
+                if sign > 1 {
+                    return Err(TermError::Malformed(tag_at, "bignum sign"));
+                }
+                pos += 1;
+                skip(buf, &mut pos, n)?
+            }
+            104 => {
+                // SMALL_TUPLE_EXT
+                let arity = byte(buf, pos)? as u64;
+                pos += 1;
+                arity
+            }
+            105 => u32_at(buf, &mut pos)? as u64, // LARGE_TUPLE_EXT
+            108 => u32_at(buf, &mut pos)? as u64 + 1, // LIST_EXT: elements + tail
+            116 => u32_at(buf, &mut pos)? as u64 * 2, // MAP_EXT: keys and values
+            88 => {
+                // NEW_PID_EXT: node atom, then id, serial, creation
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 12)?
+            }
+            103 => {
+                // PID_EXT
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 9)?
+            }
+            89 => {
+                // NEW_PORT_EXT
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 8)?
+            }
+            102 => {
+                // PORT_EXT
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 5)?
+            }
+            120 => {
+                // V4_PORT_EXT
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 12)?
+            }
+            90 | 114 => {
+                // NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT
+                let len = u16_at(buf, &mut pos)? as usize;
+                if !(1..=5).contains(&len) {
+                    return Err(TermError::Malformed(tag_at, "reference length"));
+                }
+                atom_only(buf, &mut pos)?;
+                let creation = if tag == 90 { 4 } else { 1 };
+                skip(buf, &mut pos, creation + 4 * len)?
+            }
+            101 => {
+                // REFERENCE_EXT
+                atom_only(buf, &mut pos)?;
+                skip(buf, &mut pos, 5)?
+            }
+            113 => 3, // EXPORT_EXT: module, function, arity
+            112 => {
+                // NEW_FUN_EXT: Size, Arity, Uniq[16], Index, NumFree, then Module, OldIndex,
+                // OldUniq, Pid and NumFree free variables.
+                let size_at = pos;
+                let size = u32_at(buf, &mut pos)? as usize;
+                if size < 4 || size_at.checked_add(size).is_none_or(|end| end > buf.len()) {
+                    return Err(TermError::Truncated(size_at));
+                }
+                skip(buf, &mut pos, 1 + 16 + 4)?;
+                let num_free = u32_at(buf, &mut pos)? as u64;
+                4 + num_free
+            }
+            117 => {
+                // FUN_EXT (old): NumFree, Pid, Module, Index, Uniq, free variables
+                let num_free = u32_at(buf, &mut pos)? as u64;
+                4 + num_free
+            }
+            _ => return Err(TermError::UnsupportedTag { tag, at: tag_at }),
+        };
+        if children > 0 {
+            // Every term takes at least one byte: a count beyond the bytes left is a lie.
+            if children > (buf.len() - pos) as u64 {
+                return Err(TermError::Truncated(pos));
+            }
+            if pending.len() > MAX_DEPTH {
+                return Err(TermError::TooDeep);
+            }
+            pending.push(children);
+        }
+    }
+    Ok(pos)
+}
+
+fn byte(buf: &[u8], pos: usize) -> Result<u8, TermError> {
+    buf.get(pos).copied().ok_or(TermError::Truncated(pos))
+}
+
+/// Advances past `n` bytes; returns 0 (no child terms) for use in the tag table.
+fn skip(buf: &[u8], pos: &mut usize, n: usize) -> Result<u64, TermError> {
+    match pos.checked_add(n) {
+        Some(end) if end <= buf.len() => {
+            *pos = end;
+            Ok(0)
+        }
+        _ => Err(TermError::Truncated(*pos)),
+    }
+}
+
+fn u16_at(buf: &[u8], pos: &mut usize) -> Result<u16, TermError> {
+    let bytes = buf.get(*pos..*pos + 2).ok_or(TermError::Truncated(*pos))?;
+    *pos += 2;
+    Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
+}
+
+fn u32_at(buf: &[u8], pos: &mut usize) -> Result<u32, TermError> {
+    let bytes = buf.get(*pos..*pos + 4).ok_or(TermError::Truncated(*pos))?;
+    *pos += 4;
+    Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+}
+
+fn atom_text(buf: &[u8], pos: &mut usize, len: usize, utf8: bool) -> Result<(), TermError> {
+    let at = *pos;
+    skip(buf, pos, len)?;
+    if utf8 && std::str::from_utf8(&buf[at..at + len]).is_err() {
+        return Err(TermError::Malformed(at, "atom is not UTF-8"));
+    }
+    Ok(())
+}
+
+/// The node field of pids, ports and references must be an atom.
+fn atom_only(buf: &[u8], pos: &mut usize) -> Result<(), TermError> {
+    let tag = byte(buf, *pos)?;
+    *pos += 1;
+    match tag {
+        100 | 118 => {
+            let len = u16_at(buf, pos)? as usize;
+            atom_text(buf, pos, len, tag == 118)
+        }
+        115 | 119 => {
+            let len = byte(buf, *pos)? as usize;
+            *pos += 1;
+            atom_text(buf, pos, len, tag == 119)
+        }
+        _ => Err(TermError::Malformed(*pos - 1, "expected an atom")),
+    }
+}
+
+/// Checks and decodes one term without version byte from `buf[start..]`; returns it and the
+/// offset just past it.
+pub fn decode_at(buf: &[u8], start: usize) -> Result<(Term, usize), TermError> {
+    let end = scan(buf, start)?;
+    let body = &buf[start..end];
+    // eetf wants the version byte in front; chaining avoids copying the body.
+    let reader = [VERSION_MAGIC].chain(body);
+    let term = std::panic::catch_unwind(|| Term::decode(reader))
+        .map_err(|_| TermError::Decode("decoder panicked".into()))?
+        .map_err(|e| TermError::Decode(e.to_string()))?;
+    Ok((term, end))
+}
+
+/// Decodes a complete `term_to_binary` result (with version byte), rejecting trailing bytes.
+pub fn binary_to_term(bytes: &[u8]) -> Result<Term, TermError> {
+    match bytes.first() {
+        Some(&VERSION_MAGIC) => {}
+        Some(_) => return Err(TermError::Malformed(0, "missing version byte 131")),
+        None => return Err(TermError::Truncated(0)),
+    }
+    let (term, end) = decode_at(bytes, 1)?;
+    if end != bytes.len() {
+        return Err(TermError::Malformed(end, "trailing bytes after term"));
+    }
+    Ok(term)
+}
+
+/// `term_to_binary`: the external format with version byte.
+pub fn term_to_binary(term: &Term) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(term, &mut out);
+    out
+}
+
+/// Appends `term` in external format *with* its version byte.
+pub fn encode_into(term: &Term, out: &mut Vec<u8>) {
+    // Encoding into a Vec only fails for values eetf cannot represent (e.g. a reference with more
+    // than 65535 words), which the node never builds.
+    term.encode(out)
+        .expect("encoding a well-formed term into memory");
+}
+
+/// Appends `term` in external format *without* the version byte, as terms follow a
+/// distribution header.
+pub fn encode_bare_into(term: &Term, out: &mut Vec<u8>) {
+    let at = out.len();
+    encode_into(term, out);
+    out.remove(at);
+}
+
+// ---- builders ----------------------------------------------------------------------------------
+
+pub fn atom(name: &str) -> Term {
+    Term::from(Atom::from(name))
+}
+
+pub fn tuple(elements: Vec<Term>) -> Term {
+    Term::from(Tuple::from(elements))
+}
+
+pub fn list(elements: Vec<Term>) -> Term {
+    Term::from(List::from(elements))
+}
+
+pub fn int(value: i64) -> Term {
+    if let Ok(small) = i32::try_from(value) {
+        Term::from(FixInteger::from(small))
+    } else {
+        Term::from(eetf::BigInteger::from(value))
+    }
+}
+
+pub fn binary(bytes: Vec<u8>) -> Term {
+    Term::from(Binary::from(bytes))
+}
+
+pub fn ok(value: Term) -> Term {
+    tuple(vec![atom("ok"), value])
+}
+
+pub fn error(value: Term) -> Term {
+    tuple(vec![atom("error"), value])
+}
+
+/// `{:error, {kind, message}}` with the message as a binary, the shape Elixir callers match on.
+pub fn error_kind(kind: &str, message: impl Into<String>) -> Term {
+    error(tuple(vec![atom(kind), binary(message.into().into_bytes())]))
+}
+
+/// The atom's text if `term` is an atom.
+pub fn as_atom(term: &Term) -> Option<&str> {
+    match term {
+        Term::Atom(a) => Some(a.name.as_str()),
+        _ => None,
+    }
+}
+
+/// A term's integer value if it fits in an i64.
+pub fn as_i64(term: &Term) -> Option<i64> {
+    match term {
+        Term::FixInteger(i) => Some(i64::from(i.value)),
+        Term::BigInteger(b) => i64::try_from(&b.value).ok(),
+        _ => None,
+    }
+}
+
+/// The elements of a tuple of exactly `n` elements.
+pub fn as_tuple(term: &Term, n: usize) -> Option<&[Term]> {
+    match term {
+        Term::Tuple(t) if t.elements.len() == n => Some(&t.elements),
+        _ => None,
+    }
+}
+
+/// The elements of a proper list (`[]` included; Erlang strings arrive as byte lists).
+pub fn as_list(term: &Term) -> Option<Vec<Term>> {
+    match term {
+        Term::List(l) => Some(l.elements.clone()),
+        Term::ByteList(b) => Some(b.bytes.iter().map(|&b| int(i64::from(b))).collect()),
+        _ => None,
+    }
+}
+
+/// Equality on references by value (eetf's derives compare the same fields).
+pub fn same_pid(a: &Pid, b: &Pid) -> bool {
+    a == b
+}
+
+/// Key under which references are stored in tables.
+pub fn ref_key(r: &Reference) -> (String, Vec<u32>, u32) {
+    (r.node.name.clone(), r.id.clone(), r.creation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(term: &Term) -> Term {
+        binary_to_term(&term_to_binary(term)).unwrap()
+    }
+
+    #[test]
+    fn scans_and_roundtrips_common_terms() {
+        let t = tuple(vec![
+            atom("héllo"),
+            int(1 << 40),
+            list(vec![int(1), binary(vec![1, 2, 3])]),
+            Term::from(Pid::new("a@b", 1, 2, 3)),
+        ]);
+        assert_eq!(roundtrip(&t), t);
+    }
+
+    #[test]
+    fn rejects_deep_nesting_without_recursion() {
+        let depth = 1_000_000;
+        let mut bytes = vec![131];
+        for _ in 0..depth {
+            bytes.extend_from_slice(&[104, 1]);
+        }
+        bytes.push(106);
+        assert_eq!(binary_to_term(&bytes), Err(TermError::TooDeep));
+    }
+
+    #[test]
+    fn rejects_lying_lengths_and_unknown_tags() {
+        assert!(matches!(
+            binary_to_term(&[131, 108, 255, 255, 255, 255, 106]),
+            Err(TermError::Truncated(_))
+        ));
+        assert!(matches!(
+            binary_to_term(&[131, 109, 0, 0, 0, 9, 1]),
+            Err(TermError::Truncated(_))
+        ));
+        assert!(matches!(
+            binary_to_term(&[131, 82, 0]),
+            Err(TermError::UnsupportedTag { tag: 82, .. })
+        ));
+        assert!(matches!(
+            binary_to_term(&[131, 77, 0, 0, 0, 1, 0, 5]),
+            Err(TermError::Malformed(..))
+        ));
+        assert!(binary_to_term(&[131]).is_err());
+    }
+
+    #[test]
+    fn accepts_a_million_element_list() {
+        let t = list((0..1_000_000).map(|i| int(i % 200)).collect());
+        assert_eq!(roundtrip(&t), t);
+    }
+}

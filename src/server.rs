@@ -1,0 +1,186 @@
+//! The node's standing processes: `:xla`, the server the cluster calls, and `net_kernel`, which
+//! answers `:net_adm.ping/1`.
+//!
+//! `:xla` speaks gen_server: `GenServer.call({:xla, node}, request)`. Requests are handled in
+//! the order they arrive, but anything slow (compiling, running) is handed to executor threads
+//! and replied to from there, so the server itself never blocks.
+
+use crate::node::gen::{self, From};
+use crate::node::term::{as_atom, as_tuple, atom, error_kind, int, ok};
+use crate::node::{Node, Process, Signal};
+use eetf::{Map, Term};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub struct ServerConfig {
+    pub plugin: PathBuf,
+    pub callback_timeout: Duration,
+}
+
+/// Where `scripts/setup.sh` installs the CPU plugin.
+pub fn default_plugin_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/share"));
+    base.join("xla_node/pjrt")
+}
+
+pub fn default_plugin_path() -> PathBuf {
+    default_plugin_dir().join("xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+}
+
+/// The plugin to load: the one named, else the default CPU plugin, else an error that says how
+/// to install it.
+pub fn locate_plugin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        anyhow::ensure!(
+            path.is_file(),
+            "PJRT plugin {} does not exist",
+            path.display()
+        );
+        return Ok(path.to_path_buf());
+    }
+    let default = default_plugin_path();
+    anyhow::ensure!(
+        default.is_file(),
+        "no PJRT plugin found at {}. Install the CPU plugin with:\n    python3 -m pip install --target {} xla-cpu-pjrt\n\
+         (or run scripts/setup.sh), or pass --pjrt-plugin PATH / set XLA_NODE_PJRT_PLUGIN",
+        default.display(),
+        default_plugin_dir().display()
+    );
+    Ok(default)
+}
+
+/// Keeps the standing processes alive; dropping it stops them.
+pub struct ServerHandle {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> {
+    let _ = config;
+    let net_kernel = node.spawn_registered("net_kernel");
+    let xla = node.spawn_registered("xla");
+    Ok(ServerHandle {
+        tasks: vec![
+            tokio::spawn(net_kernel_loop(net_kernel)),
+            tokio::spawn(xla_loop(xla)),
+        ],
+    })
+}
+
+/// `net_kernel`: enough of it for `:net_adm.ping/1` (`{:is_auth, node}` -> `:yes`).
+async fn net_kernel_loop(mut process: Process) {
+    while let Some(signal) = process.recv().await {
+        if let Signal::Message(message) = signal {
+            if let Ok((from, request)) = gen::parse_call(message) {
+                let reply = match as_tuple(&request, 2) {
+                    Some([tag, _]) if as_atom(tag) == Some("is_auth") => atom("yes"),
+                    _ => error_kind("bad_request", "net_kernel on xla_node only answers is_auth"),
+                };
+                gen::reply(&process, &from, reply);
+            }
+        }
+    }
+}
+
+async fn xla_loop(mut process: Process) {
+    while let Some(signal) = process.recv().await {
+        match signal {
+            Signal::Message(message) => match gen::parse_call(message) {
+                Ok((from, request)) => handle_call(&process, from, request),
+                Err(other) => tracing::debug!("xla: ignoring message {other}"),
+            },
+            // The server traps exits: a linked client that dies must not take it down.
+            Signal::Exit { from, reason, .. } => {
+                tracing::debug!("xla: exit signal from {from}: {reason}")
+            }
+            Signal::Down { .. } => {}
+        }
+    }
+}
+
+fn handle_call(process: &Process, from: From, request: Term) {
+    let reply = match &request {
+        Term::Atom(a) if a.name == "ping" => atom("pong"),
+        Term::Atom(a) if a.name == "info" => ok(info(process.node())),
+        Term::Atom(a) if a.name == "spawn_echo" => {
+            let worker = process.node().spawn_process();
+            let pid = Term::from(worker.pid().clone());
+            tokio::spawn(echo_loop(worker));
+            ok(pid)
+        }
+        Term::Tuple(t) if t.elements.len() == 2 && as_atom(&t.elements[0]) == Some("echo") => {
+            t.elements[1].clone()
+        }
+        _ => error_kind("bad_request", format!("unknown request {request}")),
+    };
+    gen::reply(process, &from, reply);
+}
+
+fn info(node: &Node) -> Term {
+    let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
+    map(vec![
+        ("node", atom(node.name())),
+        (
+            "version",
+            crate::node::term::binary(env!("CARGO_PKG_VERSION").as_bytes().to_vec()),
+        ),
+        ("uptime_ms", int(node.uptime().as_millis() as i64)),
+        ("peers", crate::node::term::list(peers)),
+        ("processes", int(node.process_count() as i64)),
+    ])
+}
+
+/// A map with atom keys.
+pub fn map(entries: Vec<(&str, Term)>) -> Term {
+    let map: HashMap<Term, Term> = entries.into_iter().map(|(k, v)| (atom(k), v)).collect();
+    Term::from(Map::from(map))
+}
+
+/// A process that answers `:ping` and `{:echo, term}` like `:xla` and otherwise behaves like a
+/// plain gen_server that does not trap exits: `GenServer.stop/2` and `Process.exit/2` end it with
+/// the given reason, which its monitors and links then see. Used to exercise monitors and links.
+async fn echo_loop(mut process: Process) {
+    while let Some(signal) = process.recv().await {
+        match signal {
+            Signal::Message(message) => match gen::parse_call(message) {
+                Ok((from, request)) => {
+                    let reply = match as_tuple(&request, 2) {
+                        Some([tag, term]) if as_atom(tag) == Some("echo") => term.clone(),
+                        _ if as_atom(&request) == Some("ping") => atom("pong"),
+                        _ => error_kind("bad_request", format!("unknown request {request}")),
+                    };
+                    gen::reply(&process, &from, reply);
+                }
+                // `:sys.terminate/3` (behind GenServer.stop) sends {:system, from, {:terminate, reason}}
+                // and expects `:ok` before the process exits with that reason.
+                Err(other) => {
+                    if let Ok((from, request)) = gen::parse_system(other) {
+                        if let Some([t, reason]) = as_tuple(&request, 2) {
+                            if as_atom(t) == Some("terminate") {
+                                gen::reply(&process, &from, atom("ok"));
+                                return process.exit(reason.clone());
+                            }
+                        }
+                    }
+                }
+            },
+            Signal::Exit { reason, .. } => match as_atom(&reason) {
+                Some("normal") => {}
+                Some("kill") => return process.exit(atom("killed")),
+                _ => return process.exit(reason),
+            },
+            Signal::Down { .. } => {}
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! Loading a PJRT plugin and creating a client.
+//!
+//! [`Api`] wraps the `PJRT_Api` function table of a dynamically loaded plugin
+//! (e.g. the XLA CPU plugin `xla_cpu_pjrt.so`). Loading checks the table size
+//! and version, runs `PJRT_Plugin_Initialize` once and reads the plugin
+//! attributes. A plugin is loaded at most once per process (a process-wide
+//! table keyed by path) and is never unloaded: XLA keeps threads and static
+//! state alive, and `dlclose` on it is not safe.
+//!
+//! [`Client`] is a cheap, cloneable, thread-safe handle (an `Arc`) on a
+//! `PJRT_Client`; buffers and executables hold a clone so that the client and
+//! the plugin outlive everything created from them.
+
+use std::ffi::{c_char, c_void};
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::error::XlaError;
+use super::sys::*;
+
+/// A plugin attribute value (`PJRT_NamedValue`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PluginAttr {
+    Str(String),
+    Int(i64),
+    IntList(Vec<i64>),
+    Float(f32),
+    Bool(bool),
+}
+
+impl fmt::Display for PluginAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PluginAttr::Str(s) => f.write_str(s),
+            PluginAttr::Int(i) => write!(f, "{i}"),
+            PluginAttr::IntList(l) => write!(f, "{l:?}"),
+            PluginAttr::Float(x) => write!(f, "{x}"),
+            PluginAttr::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+pub(crate) struct ApiInner {
+    /// Kept alive (never unloaded) so that `raw` stays valid.
+    _lib: ManuallyDrop<libloading::Library>,
+    raw: *const PJRT_Api,
+    path: PathBuf,
+    version: (i32, i32),
+    attributes: Vec<(String, PluginAttr)>,
+}
+
+// SAFETY: `raw` points to the plugin's immutable, process-lifetime function
+// table; the PJRT C API is thread-safe per its contract, and everything else
+// in the struct is plain owned data.
+unsafe impl Send for ApiInner {}
+// SAFETY: see `Send`; no interior mutability.
+unsafe impl Sync for ApiInner {}
+
+/// A loaded PJRT plugin.
+#[derive(Clone)]
+pub struct Api(pub(crate) Arc<ApiInner>);
+
+static LOADED: Mutex<Vec<Api>> = Mutex::new(Vec::new());
+
+impl Api {
+    /// Loads (once per process and path) and initializes a PJRT plugin.
+    pub fn load(path: impl AsRef<Path>) -> Result<Api, XlaError> {
+        let path = path.as_ref();
+        let canonical = path
+            .canonicalize()
+            .map_err(|e| XlaError::Plugin(format!("cannot open plugin {}: {e}", path.display())))?;
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(api) = loaded.iter().find(|a| a.0.path == canonical) {
+            return Ok(api.clone());
+        }
+        let api = Api::load_uncached(&canonical)?;
+        loaded.push(api.clone());
+        Ok(api)
+    }
+
+    fn load_uncached(path: &Path) -> Result<Api, XlaError> {
+        // SAFETY: loading a shared library runs its initialisers; the PJRT
+        // plugin is designed to be dlopen'ed this way.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| XlaError::Plugin(format!("cannot load {}: {e}", path.display())))?;
+        // SAFETY: `GetPjrtApi` is the documented entry point of every PJRT
+        // plugin, with signature `const PJRT_Api* GetPjrtApi(void)`.
+        let raw = unsafe {
+            let get: libloading::Symbol<unsafe extern "C" fn() -> *const PJRT_Api> =
+                lib.get(b"GetPjrtApi\0").map_err(|e| {
+                    XlaError::Plugin(format!("{} has no GetPjrtApi: {e}", path.display()))
+                })?;
+            get()
+        };
+        if raw.is_null() {
+            return Err(XlaError::Plugin("GetPjrtApi returned null".into()));
+        }
+        // SAFETY: `raw` is non-null and points to the plugin's static table;
+        // we only read the leading size/version fields before checking them.
+        let (size, major, minor) = unsafe {
+            (
+                (*raw).struct_size,
+                (*raw).pjrt_api_version.major_version,
+                (*raw).pjrt_api_version.minor_version,
+            )
+        };
+        if major != PJRT_API_MAJOR {
+            return Err(XlaError::Plugin(format!(
+                "unsupported PJRT API version {major}.{minor} (need {PJRT_API_MAJOR}.x)"
+            )));
+        }
+        if size < PJRT_API_STRUCT_SIZE {
+            return Err(XlaError::Plugin(format!(
+                "PJRT_Api struct too small: {size} bytes, need {PJRT_API_STRUCT_SIZE} (API {major}.{minor})"
+            )));
+        }
+        let mut inner = ApiInner {
+            _lib: ManuallyDrop::new(lib),
+            raw,
+            path: path.to_path_buf(),
+            version: (major, minor),
+            attributes: Vec::new(),
+        };
+        let mut init = PJRT_Plugin_Initialize_Args::new();
+        // SAFETY: correct argument struct for PJRT_Plugin_Initialize.
+        unsafe { inner.call(inner.fns().PJRT_Plugin_Initialize, &mut init) }
+            .map_err(|e| XlaError::Plugin(format!("PJRT_Plugin_Initialize: {e}")))?;
+        inner.attributes = inner.read_attributes()?;
+        Ok(Api(Arc::new(inner)))
+    }
+
+    /// PJRT C API version implemented by the plugin.
+    pub fn version(&self) -> (i32, i32) {
+        self.0.version
+    }
+
+    /// Plugin attributes (`xla_version`, `stablehlo_current_version`, ...).
+    pub fn plugin_attributes(&self) -> &[(String, PluginAttr)] {
+        &self.0.attributes
+    }
+
+    /// Path the plugin was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+}
+
+impl ApiInner {
+    pub(crate) fn fns(&self) -> &PJRT_Api {
+        // SAFETY: `raw` was checked non-null and large enough at load time and
+        // points to a table that lives as long as the (never unloaded) plugin.
+        unsafe { &*self.raw }
+    }
+
+    /// Calls a PJRT entry point and converts its returned error.
+    ///
+    /// # Safety
+    /// `args` must be the argument struct type that `f` expects, fully
+    /// initialised as that function requires.
+    pub(crate) unsafe fn call<T>(&self, f: ApiFn, args: &mut T) -> Result<(), String> {
+        let f = f.ok_or_else(|| "entry point not provided by this PJRT plugin".to_string())?;
+        // SAFETY: guaranteed by the caller (matching argument struct).
+        let err = unsafe { f(args as *mut T as *mut c_void) };
+        match self.take_error(err) {
+            None => Ok(()),
+            Some(msg) => Err(msg),
+        }
+    }
+
+    /// Converts an owned `PJRT_Error*` to its message and frees it.
+    pub(crate) fn take_error(&self, err: *mut PJRT_Error) -> Option<String> {
+        if err.is_null() {
+            return None;
+        }
+        let mut m = PJRT_Error_Message_Args::new();
+        m.error = err;
+        let msg = match self.fns().PJRT_Error_Message {
+            Some(f) => {
+                // SAFETY: `err` is a live error returned by the plugin and `m`
+                // is the matching argument struct; the message is valid until
+                // the error is destroyed below, and we copy it before that.
+                unsafe {
+                    f(&mut m);
+                    if m.message.is_null() {
+                        String::from("unknown PJRT error")
+                    } else {
+                        let bytes =
+                            std::slice::from_raw_parts(m.message as *const u8, m.message_size);
+                        String::from_utf8_lossy(bytes).into_owned()
+                    }
+                }
+            }
+            None => String::from("unknown PJRT error"),
+        };
+        if let Some(f) = self.fns().PJRT_Error_Destroy {
+            let mut d = PJRT_Error_Destroy_Args::new();
+            d.error = err;
+            // SAFETY: we own `err` and destroy it exactly once.
+            unsafe { f(&mut d) };
+        }
+        Some(msg)
+    }
+
+    /// Waits for an event, destroys it and returns its error status.
+    pub(crate) fn await_and_destroy(&self, event: *mut PJRT_Event) -> Result<(), String> {
+        if event.is_null() {
+            return Ok(());
+        }
+        let mut a = PJRT_Event_Await_Args::new();
+        a.event = event;
+        // SAFETY: `event` is a live event owned by us; matching args struct.
+        let res = unsafe { self.call(self.fns().PJRT_Event_Await, &mut a) };
+        self.destroy_event(event);
+        res
+    }
+
+    pub(crate) fn destroy_event(&self, event: *mut PJRT_Event) {
+        if event.is_null() {
+            return;
+        }
+        let mut d = PJRT_Event_Destroy_Args::new();
+        d.event = event;
+        // SAFETY: we own `event` and destroy it exactly once.
+        if let Err(e) = unsafe { self.call(self.fns().PJRT_Event_Destroy, &mut d) } {
+            tracing::warn!("PJRT_Event_Destroy failed: {e}");
+        }
+    }
+
+    fn read_attributes(&self) -> Result<Vec<(String, PluginAttr)>, XlaError> {
+        let mut a = PJRT_Plugin_Attributes_Args::new();
+        // SAFETY: matching argument struct.
+        if let Err(e) = unsafe { self.call(self.fns().PJRT_Plugin_Attributes, &mut a) } {
+            tracing::debug!("PJRT_Plugin_Attributes unavailable: {e}");
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for i in 0..a.num_attributes {
+            // SAFETY: the plugin returned `num_attributes` named values with
+            // process lifetime; each is read according to its type tag.
+            let (name, value) = unsafe {
+                let nv = &*a.attributes.add(i);
+                let name = str_from(nv.name, nv.name_size);
+                let value = match nv.type_ {
+                    PJRT_NAMED_VALUE_STRING => {
+                        PluginAttr::Str(str_from(nv.value as usize as *const c_char, nv.value_size))
+                    }
+                    PJRT_NAMED_VALUE_INT64 => PluginAttr::Int(nv.value as i64),
+                    PJRT_NAMED_VALUE_INT64_LIST => {
+                        let p = nv.value as usize as *const i64;
+                        PluginAttr::IntList(if p.is_null() {
+                            Vec::new()
+                        } else {
+                            std::slice::from_raw_parts(p, nv.value_size).to_vec()
+                        })
+                    }
+                    PJRT_NAMED_VALUE_FLOAT => PluginAttr::Float(f32::from_bits(nv.value as u32)),
+                    PJRT_NAMED_VALUE_BOOL => PluginAttr::Bool(nv.value as u8 != 0),
+                    other => PluginAttr::Str(format!("<unknown attribute type {other}>")),
+                };
+                (name, value)
+            };
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+}
+
+/// Copies a (pointer, length) string owned by the plugin.
+///
+/// # Safety
+/// `p` must be null or valid for reads of `len` bytes.
+pub(crate) unsafe fn str_from(p: *const c_char, len: usize) -> String {
+    if p.is_null() || len == 0 {
+        return String::new();
+    }
+    // SAFETY: guaranteed by the caller.
+    let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A device known to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub id: i32,
+    pub kind: String,
+    pub addressable: bool,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) api: Api,
+    pub(crate) raw: *mut PJRT_Client,
+    platform_name: String,
+    platform_version: String,
+    devices: Vec<DeviceInfo>,
+    /// Addressable devices, in client order; index 0 is the default device.
+    pub(crate) addressable: Vec<*mut PJRT_Device>,
+    pub(crate) is_cpu: bool,
+}
+
+// SAFETY: a PJRT_Client is thread-safe per the PJRT contract; the raw device
+// pointers are owned by the client and immutable for its lifetime.
+unsafe impl Send for ClientInner {}
+// SAFETY: see `Send`; no interior mutability on the Rust side.
+unsafe impl Sync for ClientInner {}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let mut d = PJRT_Client_Destroy_Args::new();
+        d.client = self.raw;
+        // SAFETY: every buffer/executable holds an `Arc` on this inner value,
+        // so nothing created from the client is alive any more.
+        if let Err(e) = unsafe {
+            self.api
+                .0
+                .call(self.api.0.fns().PJRT_Client_Destroy, &mut d)
+        } {
+            tracing::warn!("PJRT_Client_Destroy failed: {e}");
+        }
+    }
+}
+
+/// A PJRT client (thread-safe, cheap to clone).
+#[derive(Clone)]
+pub struct Client(pub(crate) Arc<ClientInner>);
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("platform", &self.0.platform_name)
+            .field("version", &self.0.platform_version)
+            .field("devices", &self.0.devices.len())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Creates a client with default options.
+    pub fn new(api: &Api) -> Result<Client, XlaError> {
+        let a = &api.0;
+        let mut c = PJRT_Client_Create_Args::new();
+        // SAFETY: matching argument struct; no options, no KV callbacks.
+        unsafe { a.call(a.fns().PJRT_Client_Create, &mut c) }
+            .map_err(|e| XlaError::Plugin(format!("PJRT_Client_Create: {e}")))?;
+        if c.client.is_null() {
+            return Err(XlaError::Plugin(
+                "PJRT_Client_Create returned no client".into(),
+            ));
+        }
+        let mut inner = ClientInner {
+            api: api.clone(),
+            raw: c.client,
+            platform_name: String::new(),
+            platform_version: String::new(),
+            devices: Vec::new(),
+            addressable: Vec::new(),
+            is_cpu: false,
+        };
+        let plugin = |e: String| XlaError::Plugin(e);
+
+        let mut p = PJRT_Client_PlatformName_Args::new();
+        p.client = inner.raw;
+        // SAFETY: matching args; the returned string is owned by the client.
+        unsafe {
+            a.call(a.fns().PJRT_Client_PlatformName, &mut p)
+                .map_err(plugin)?;
+            inner.platform_name = str_from(p.platform_name, p.platform_name_size);
+        }
+        let mut v = PJRT_Client_PlatformVersion_Args::new();
+        v.client = inner.raw;
+        // SAFETY: matching args; the returned string is owned by the client.
+        unsafe {
+            a.call(a.fns().PJRT_Client_PlatformVersion, &mut v)
+                .map_err(plugin)?;
+            inner.platform_version = str_from(v.platform_version, v.platform_version_size);
+        }
+        inner.is_cpu = inner.platform_name == "cpu";
+
+        let mut d = PJRT_Client_Devices_Args::new();
+        d.client = inner.raw;
+        // SAFETY: matching args; the device array is owned by the client.
+        let devices: Vec<*mut PJRT_Device> = unsafe {
+            a.call(a.fns().PJRT_Client_Devices, &mut d)
+                .map_err(plugin)?;
+            slice_or_empty(d.devices, d.num_devices).to_vec()
+        };
+        for dev in devices {
+            inner.devices.push(device_info(a, dev).map_err(plugin)?);
+        }
+        let mut ad = PJRT_Client_AddressableDevices_Args::new();
+        ad.client = inner.raw;
+        // SAFETY: matching args; the device array is owned by the client.
+        unsafe {
+            a.call(a.fns().PJRT_Client_AddressableDevices, &mut ad)
+                .map_err(plugin)?;
+            inner.addressable =
+                slice_or_empty(ad.addressable_devices, ad.num_addressable_devices).to_vec();
+        }
+        if inner.addressable.is_empty() {
+            return Err(XlaError::Plugin("client has no addressable devices".into()));
+        }
+        Ok(Client(Arc::new(inner)))
+    }
+
+    /// Loads the plugin at `path` (once per process) and creates a client.
+    pub fn from_plugin(path: impl AsRef<Path>) -> Result<Client, XlaError> {
+        Client::new(&Api::load(path)?)
+    }
+
+    /// Platform name, e.g. `cpu`.
+    pub fn platform_name(&self) -> &str {
+        &self.0.platform_name
+    }
+
+    /// Platform version string.
+    pub fn platform_version(&self) -> &str {
+        &self.0.platform_version
+    }
+
+    /// All devices of the client.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.0.devices.clone()
+    }
+
+    /// Plugin attributes.
+    pub fn plugin_attributes(&self) -> &[(String, PluginAttr)] {
+        self.0.api.plugin_attributes()
+    }
+
+    /// The plugin this client was created from.
+    pub fn api(&self) -> &Api {
+        &self.0.api
+    }
+
+    pub(crate) fn inner(&self) -> &ClientInner {
+        &self.0
+    }
+
+    pub(crate) fn same_client(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl ClientInner {
+    pub(crate) fn api(&self) -> &ApiInner {
+        &self.api.0
+    }
+}
+
+fn device_info(a: &ApiInner, dev: *mut PJRT_Device) -> Result<DeviceInfo, String> {
+    let mut g = PJRT_Device_GetDescription_Args::new();
+    g.device = dev;
+    // SAFETY: `dev` is a device owned by the live client; matching args.
+    unsafe { a.call(a.fns().PJRT_Device_GetDescription, &mut g)? };
+    let mut id = PJRT_DeviceDescription_Id_Args::new();
+    id.device_description = g.device_description;
+    // SAFETY: description returned above, owned by the device.
+    unsafe { a.call(a.fns().PJRT_DeviceDescription_Id, &mut id)? };
+    let mut k = PJRT_DeviceDescription_Kind_Args::new();
+    k.device_description = g.device_description;
+    // SAFETY: as above; the kind string is owned by the description.
+    let kind = unsafe {
+        a.call(a.fns().PJRT_DeviceDescription_Kind, &mut k)?;
+        str_from(k.device_kind, k.device_kind_size)
+    };
+    let mut ia = PJRT_Device_IsAddressable_Args::new();
+    ia.device = dev;
+    // SAFETY: matching args.
+    unsafe { a.call(a.fns().PJRT_Device_IsAddressable, &mut ia)? };
+    Ok(DeviceInfo {
+        id: id.id,
+        kind,
+        addressable: ia.is_addressable,
+    })
+}
+
+/// Views a plugin-owned (pointer, length) array, tolerating null.
+///
+/// # Safety
+/// `p` must be null or valid for reads of `n` elements for the lifetime used.
+pub(crate) unsafe fn slice_or_empty<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts(p, n) }
+    }
+}

@@ -1,0 +1,458 @@
+//! Compiling programs and running them.
+//!
+//! [`Client::compile`] takes StableHLO/MLIR as text or bytecode (PJRT program
+//! format `"mlir"`) and returns an [`Executable`] that knows its parameter and
+//! output types. [`Executable::execute`] validates arguments against those
+//! types *before* calling into XLA (XLA CHECK-fails abort the process), runs
+//! on the client's first addressable device, waits for completion and checks
+//! every place an execution error can surface: Execute's return value, the
+//! device completion event and each output's ready event. Multi-result
+//! programs come back untupled, one [`Buffer`] per result.
+
+use std::ffi::c_char;
+use std::fmt;
+
+use super::buffer::Buffer;
+use super::client::{slice_or_empty, str_from, Client};
+use super::dtype::{DType, TensorSpec};
+use super::error::XlaError;
+use super::signature;
+use super::sys::*;
+
+/// Compile options (serialized to an `xla.CompileOptionsProto`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    pub num_replicas: u32,
+    pub num_partitions: u32,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: 1,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
+    /// num_partitions (5)}}`. Never empty: empty options abort the CPU plugin.
+    pub fn to_proto(&self) -> Vec<u8> {
+        let mut ebo = Vec::new();
+        ebo.push(0x20);
+        put_varint(&mut ebo, self.num_replicas as u64);
+        ebo.push(0x28);
+        put_varint(&mut ebo, self.num_partitions as u64);
+        let mut out = vec![0x1a];
+        put_varint(&mut out, ebo.len() as u64);
+        out.extend_from_slice(&ebo);
+        out
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// MLIR bytecode magic.
+const MLIR_BYTECODE_MAGIC: &[u8] = b"ML\xefR";
+
+/// Where the parameter types of an executable came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParameterSource {
+    /// Parsed from the `@main` signature of MLIR text.
+    MlirText,
+    /// Decoded from the optimized HLO module (`PJRT_Executable_OptimizedProgram`).
+    OptimizedHlo,
+}
+
+/// A compiled, loaded program.
+pub struct Executable {
+    client: Client,
+    raw: *mut PJRT_LoadedExecutable,
+    parameters: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+    parameter_source: ParameterSource,
+    non_donatable: Vec<i64>,
+}
+
+// SAFETY: PJRT loaded executables may be executed concurrently from any
+// thread; the Rust side holds only immutable data after construction.
+unsafe impl Send for Executable {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Executable {}
+
+impl fmt::Debug for Executable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executable")
+            .field("parameters", &self.parameters)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let api = self.client.inner().api();
+        let mut d = PJRT_LoadedExecutable_Destroy_Args::new();
+        d.executable = self.raw;
+        // SAFETY: we own `raw`; no execution can be in flight because
+        // `execute` borrows `self` until completion.
+        if let Err(e) = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Destroy, &mut d) } {
+            tracing::warn!("PJRT_LoadedExecutable_Destroy failed: {e}");
+        }
+    }
+}
+
+impl Client {
+    /// Compiles MLIR (StableHLO) text or bytecode with default options.
+    pub fn compile(&self, program: &[u8]) -> Result<Executable, XlaError> {
+        self.compile_with_options(program, &CompileOptions::default())
+    }
+
+    /// Compiles MLIR (StableHLO) text or bytecode.
+    pub fn compile_with_options(
+        &self,
+        program: &[u8],
+        options: &CompileOptions,
+    ) -> Result<Executable, XlaError> {
+        let text = check_program(program)?;
+        let inner = self.inner();
+        let api = inner.api();
+        let opts = options.to_proto();
+        let format = b"mlir";
+        let mut prog = PJRT_Program::new();
+        prog.code = program.as_ptr() as *mut c_char;
+        prog.code_size = program.len();
+        prog.format = format.as_ptr() as *const c_char;
+        prog.format_size = format.len();
+        let mut c = PJRT_Client_Compile_Args::new();
+        c.client = inner.raw;
+        c.program = &prog;
+        c.compile_options = opts.as_ptr() as *const c_char;
+        c.compile_options_size = opts.len();
+        // SAFETY: matching args; `program`, `prog`, `format` and `opts` outlive
+        // the call (the plugin only reads `code` during compilation).
+        unsafe { api.call(api.fns().PJRT_Client_Compile, &mut c) }.map_err(XlaError::Compile)?;
+        if c.executable.is_null() {
+            return Err(XlaError::Compile(
+                "PJRT_Client_Compile returned no executable".into(),
+            ));
+        }
+        let mut exe = Executable {
+            client: self.clone(),
+            raw: c.executable,
+            parameters: Vec::new(),
+            outputs: Vec::new(),
+            parameter_source: ParameterSource::MlirText,
+            non_donatable: Vec::new(),
+        };
+        exe.outputs = exe.query_outputs()?;
+        match text.and_then(signature::mlir_main_parameters) {
+            Some(p) => exe.parameters = p,
+            None => {
+                exe.parameters = exe.hlo_parameters()?;
+                exe.parameter_source = ParameterSource::OptimizedHlo;
+            }
+        }
+        exe.non_donatable = (0..exe.parameters.len() as i64).collect();
+        Ok(exe)
+    }
+}
+
+/// Rejects input that is certainly not MLIR; returns the text if it is text.
+fn check_program(program: &[u8]) -> Result<Option<&str>, XlaError> {
+    if program.is_empty() {
+        return Err(XlaError::Compile("empty program".into()));
+    }
+    if program.starts_with(MLIR_BYTECODE_MAGIC) {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(program).map_err(|_| {
+        XlaError::Compile("program is neither MLIR bytecode nor UTF-8 MLIR text".into())
+    })?;
+    if text.trim().is_empty() {
+        return Err(XlaError::Compile("empty program".into()));
+    }
+    if !text.contains("@main") {
+        return Err(XlaError::Compile("program has no @main function".into()));
+    }
+    Ok(Some(text))
+}
+
+/// Owns a `PJRT_Executable*` obtained from a loaded executable.
+struct ExecutableView<'a> {
+    client: &'a Client,
+    raw: *mut PJRT_Executable,
+}
+
+impl Drop for ExecutableView<'_> {
+    fn drop(&mut self) {
+        let api = self.client.inner().api();
+        let mut d = PJRT_Executable_Destroy_Args::new();
+        d.executable = self.raw;
+        // SAFETY: the view owns `raw` (returned by GetExecutable).
+        if let Err(e) = unsafe { api.call(api.fns().PJRT_Executable_Destroy, &mut d) } {
+            tracing::warn!("PJRT_Executable_Destroy failed: {e}");
+        }
+    }
+}
+
+impl Executable {
+    /// Parameter types, in order.
+    pub fn parameters(&self) -> &[TensorSpec] {
+        &self.parameters
+    }
+
+    /// Output types, in order (untupled).
+    pub fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+
+    /// How the parameter types were obtained.
+    pub fn parameter_source(&self) -> ParameterSource {
+        self.parameter_source
+    }
+
+    /// The client this executable belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn view(&self) -> Result<ExecutableView<'_>, XlaError> {
+        let api = self.client.inner().api();
+        let mut g = PJRT_LoadedExecutable_GetExecutable_Args::new();
+        g.loaded_executable = self.raw;
+        // SAFETY: live loaded executable; matching args.
+        unsafe { api.call(api.fns().PJRT_LoadedExecutable_GetExecutable, &mut g) }
+            .map_err(XlaError::Compile)?;
+        Ok(ExecutableView {
+            client: &self.client,
+            raw: g.executable,
+        })
+    }
+
+    fn query_outputs(&self) -> Result<Vec<TensorSpec>, XlaError> {
+        let api = self.client.inner().api();
+        let view = self.view()?;
+        let mut n = PJRT_Executable_NumOutputs_Args::new();
+        n.executable = view.raw;
+        // SAFETY: live executable; matching args.
+        unsafe { api.call(api.fns().PJRT_Executable_NumOutputs, &mut n) }
+            .map_err(XlaError::Compile)?;
+        let mut t = PJRT_Executable_OutputElementTypes_Args::new();
+        t.executable = view.raw;
+        // SAFETY: live executable; matching args; the array is owned by the
+        // executable and copied while `view` is alive.
+        let types: Vec<u32> = unsafe {
+            api.call(api.fns().PJRT_Executable_OutputElementTypes, &mut t)
+                .map_err(XlaError::Compile)?;
+            slice_or_empty(t.output_types, t.num_output_types).to_vec()
+        };
+        let mut d = PJRT_Executable_OutputDimensions_Args::new();
+        d.executable = view.raw;
+        // SAFETY: as above.
+        let (all_dims, sizes): (Vec<i64>, Vec<usize>) = unsafe {
+            api.call(api.fns().PJRT_Executable_OutputDimensions, &mut d)
+                .map_err(XlaError::Compile)?;
+            let sizes = slice_or_empty(d.dim_sizes, d.num_outputs).to_vec();
+            let total: usize = sizes.iter().sum();
+            (slice_or_empty(d.dims, total).to_vec(), sizes)
+        };
+        if types.len() != n.num_outputs || sizes.len() != n.num_outputs {
+            return Err(XlaError::Compile(format!(
+                "inconsistent output metadata: {} outputs, {} types, {} shapes",
+                n.num_outputs,
+                types.len(),
+                sizes.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(types.len());
+        let mut off = 0;
+        for (ty, sz) in types.into_iter().zip(sizes) {
+            let dtype = DType::from_pjrt(ty).ok_or_else(|| {
+                XlaError::Compile(format!("unsupported output element type (PJRT type {ty})"))
+            })?;
+            out.push(TensorSpec::new(dtype, all_dims[off..off + sz].to_vec()));
+            off += sz;
+        }
+        Ok(out)
+    }
+
+    /// Parameter types decoded from the optimized HLO module (works for text
+    /// and bytecode programs; used when the MLIR text cannot be parsed).
+    pub fn hlo_parameters(&self) -> Result<Vec<TensorSpec>, XlaError> {
+        let api = self.client.inner().api();
+        let view = self.view()?;
+        let mut prog = PJRT_Program::new();
+        let mut a = PJRT_Executable_OptimizedProgram_Args::new();
+        a.executable = view.raw;
+        a.program = &mut prog;
+        // SAFETY: first call with `code == null` only queries the size.
+        unsafe { api.call(api.fns().PJRT_Executable_OptimizedProgram, &mut a) }
+            .map_err(XlaError::Compile)?;
+        let mut code = vec![0u8; prog.code_size];
+        prog.code = code.as_mut_ptr() as *mut c_char;
+        a.program = &mut prog;
+        // SAFETY: second call fills `code`, which holds `code_size` bytes.
+        unsafe { api.call(api.fns().PJRT_Executable_OptimizedProgram, &mut a) }
+            .map_err(XlaError::Compile)?;
+        // SAFETY: the format string is owned by the implementation and valid
+        // while the executable is alive.
+        let format = unsafe { str_from(prog.format, prog.format_size) };
+        let with_config = format != "hlo";
+        signature::hlo_parameters(&code[..prog.code_size.min(code.len())], with_config).ok_or_else(|| {
+            XlaError::Compile(format!(
+                "cannot determine parameter types (optimized program format {format:?}, unsupported parameter type?)"
+            ))
+        })
+    }
+
+    /// Checks `args` against the parameter types.
+    pub fn validate(&self, args: &[&Buffer]) -> Result<(), XlaError> {
+        if args.len() != self.parameters.len() {
+            return Err(XlaError::Argument(format!(
+                "expected {} arguments, got {}",
+                self.parameters.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, p)) in args.iter().zip(&self.parameters).enumerate() {
+            if !arg.client().same_client(&self.client) {
+                return Err(XlaError::Argument(format!(
+                    "argument {i}: buffer belongs to another client"
+                )));
+            }
+            if arg.spec() != p {
+                return Err(XlaError::Argument(format!(
+                    "argument {i}: expected {p} ({} bytes), got {} ({} bytes)",
+                    p.byte_size(),
+                    arg.spec(),
+                    arg.byte_size()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the program on device 0 and waits for it; returns one buffer per
+    /// result. Errors raised during the run (including by host custom-call
+    /// handlers) come back as [`XlaError::Runtime`] with XLA's text.
+    pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>, XlaError> {
+        self.validate(args)?;
+        let api = self.client.inner().api();
+        let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
+        let arg_lists: [*const *mut PJRT_Buffer; 1] = [arg_ptrs.as_ptr()];
+        let mut out_ptrs: Vec<*mut PJRT_Buffer> =
+            vec![std::ptr::null_mut(); self.outputs.len().max(1)];
+        let out_lists: [*mut *mut PJRT_Buffer; 1] = [out_ptrs.as_mut_ptr()];
+        let mut complete: [*mut PJRT_Event; 1] = [std::ptr::null_mut()];
+        let mut opts = PJRT_ExecuteOptions::new();
+        // Our buffers stay owned by their `Buffer`s: never let XLA donate them.
+        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
+        opts.num_non_donatable_input_indices = self.non_donatable.len();
+        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
+        e.executable = self.raw;
+        e.options = &mut opts;
+        e.argument_lists = arg_lists.as_ptr();
+        e.num_devices = 1;
+        e.num_args = arg_ptrs.len();
+        e.output_lists = out_lists.as_ptr();
+        e.device_complete_events = complete.as_mut_ptr();
+        // SAFETY: matching args; argument buffers were validated against the
+        // signature (count, dtype, dims, client) and are borrowed for the
+        // whole call; the output array has room for every output; all arrays
+        // outlive the call.
+        unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) }
+            .map_err(XlaError::Runtime)?;
+        // Take ownership of the outputs first so they are freed on any error.
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        let mut first_err = None;
+        for &p in out_ptrs.iter().take(self.outputs.len()) {
+            if p.is_null() {
+                first_err.get_or_insert_with(|| {
+                    XlaError::Runtime("execution produced no output buffer".into())
+                });
+                continue;
+            }
+            match Buffer::from_raw(&self.client, p) {
+                Ok(b) => outputs.push(b),
+                Err(err) => {
+                    first_err.get_or_insert(err);
+                }
+            }
+        }
+        if let Err(msg) = api.await_and_destroy(complete[0]) {
+            first_err.get_or_insert(XlaError::Runtime(msg));
+        }
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        for b in &outputs {
+            b.await_ready()?;
+            b.mark_ready();
+        }
+        Ok(outputs)
+    }
+
+    /// Uploads host arrays, runs, and downloads the results.
+    pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
+        if inputs.len() != self.parameters.len() {
+            return Err(XlaError::Argument(format!(
+                "expected {} arguments, got {}",
+                self.parameters.len(),
+                inputs.len()
+            )));
+        }
+        let mut bufs = Vec::with_capacity(inputs.len());
+        for (i, (t, p)) in inputs.iter().zip(&self.parameters).enumerate() {
+            let given = TensorSpec::new(t.dtype, t.dims.clone());
+            if &given != p || t.data.len() != p.byte_size() {
+                return Err(XlaError::Argument(format!(
+                    "argument {i}: expected {p} ({} bytes), got {given} ({} bytes)",
+                    p.byte_size(),
+                    t.data.len()
+                )));
+            }
+            bufs.push(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
+        }
+        let refs: Vec<&Buffer> = bufs.iter().collect();
+        let outs = self.execute(&refs)?;
+        outs.iter()
+            .map(|b| {
+                Ok(HostTensor {
+                    dtype: b.dtype(),
+                    dims: b.dims().to_vec(),
+                    data: b.to_host()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A dense row-major tensor in host memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostTensor {
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+impl HostTensor {
+    pub fn new(dtype: DType, dims: Vec<i64>, data: Vec<u8>) -> Self {
+        HostTensor { dtype, dims, data }
+    }
+
+    pub fn spec(&self) -> TensorSpec {
+        TensorSpec::new(self.dtype, self.dims.clone())
+    }
+}
