@@ -169,6 +169,24 @@ fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
     Ok(Message { control, payload })
 }
 
+/// Decodes a byte stream of length-prefixed frames, as a connection's reader would after the
+/// handshake, stopping at the first error. Used by the fuzz target and its corpus replay.
+pub fn decode_stream(mut data: &[u8]) -> Result<Vec<Message>, FrameError> {
+    let mut decoder = FrameDecoder::default();
+    let mut messages = Vec::new();
+    while data.len() >= 4 {
+        let len = u32::from_be_bytes(data[..4].try_into().expect("4 bytes")) as usize;
+        let Some(body) = data.get(4..4 + len) else {
+            return Err(TermError::Truncated(4).into());
+        };
+        data = &data[4 + len..];
+        if len > 0 {
+            messages.extend(decoder.decode(body)?);
+        }
+    }
+    Ok(messages)
+}
+
 /// Encodes one message body (without the length prefix) in the format the peer expects.
 pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);

@@ -117,37 +117,19 @@ impl Client {
 }
 
 impl Buffer {
-    /// Wraps an output buffer returned by XLA (takes ownership).
-    pub(crate) fn from_raw(client: &Client, raw: *mut PJRT_Buffer) -> Result<Buffer, XlaError> {
-        let api = client.inner().api();
-        // Build the wrapper first so that `raw` is destroyed on any error.
-        let mut buf = Buffer {
+    /// Wraps an output buffer whose type is known from the executable's
+    /// output signature (takes ownership; saves two PJRT queries per output).
+    pub(crate) fn from_raw_with_spec(
+        client: &Client,
+        raw: *mut PJRT_Buffer,
+        spec: TensorSpec,
+    ) -> Buffer {
+        Buffer {
             client: client.clone(),
             raw,
-            spec: TensorSpec::new(DType::U8, Vec::new()),
+            spec,
             ready: AtomicBool::new(false),
-        };
-        let mut t = PJRT_Buffer_ElementType_Args::new();
-        t.buffer = raw;
-        // SAFETY: `raw` is a live buffer we own; matching args.
-        unsafe { api.call(api.fns().PJRT_Buffer_ElementType, &mut t) }
-            .map_err(XlaError::Runtime)?;
-        let dtype = DType::from_pjrt(t.type_).ok_or_else(|| {
-            XlaError::Runtime(format!(
-                "unsupported output element type (PJRT type {})",
-                t.type_
-            ))
-        })?;
-        let mut d = PJRT_Buffer_Dimensions_Args::new();
-        d.buffer = raw;
-        // SAFETY: as above; the dims array is owned by the buffer and copied.
-        let dims = unsafe {
-            api.call(api.fns().PJRT_Buffer_Dimensions, &mut d)
-                .map_err(XlaError::Runtime)?;
-            slice_or_empty(d.dims, d.num_dims).to_vec()
-        };
-        buf.spec = TensorSpec::new(dtype, dims);
-        Ok(buf)
+        }
     }
 
     pub(crate) fn raw(&self) -> *mut PJRT_Buffer {

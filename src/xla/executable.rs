@@ -183,8 +183,8 @@ fn check_program(program: &[u8]) -> Result<Option<&str>, XlaError> {
     if text.trim().is_empty() {
         return Err(XlaError::Compile("empty program".into()));
     }
-    if !text.contains("@main") {
-        return Err(XlaError::Compile("program has no @main function".into()));
+    if !text.contains("main") {
+        return Err(XlaError::Compile("program has no main function".into()));
     }
     Ok(Some(text))
 }
@@ -377,19 +377,14 @@ impl Executable {
         // Take ownership of the outputs first so they are freed on any error.
         let mut outputs = Vec::with_capacity(self.outputs.len());
         let mut first_err = None;
-        for &p in out_ptrs.iter().take(self.outputs.len()) {
+        for (&p, spec) in out_ptrs.iter().zip(&self.outputs) {
             if p.is_null() {
                 first_err.get_or_insert_with(|| {
                     XlaError::Runtime("execution produced no output buffer".into())
                 });
                 continue;
             }
-            match Buffer::from_raw(&self.client, p) {
-                Ok(b) => outputs.push(b),
-                Err(err) => {
-                    first_err.get_or_insert(err);
-                }
-            }
+            outputs.push(Buffer::from_raw_with_spec(&self.client, p, spec.clone()));
         }
         if let Err(msg) = api.await_and_destroy(complete[0]) {
             first_err.get_or_insert(XlaError::Runtime(msg));

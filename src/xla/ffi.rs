@@ -401,13 +401,13 @@ impl CallFrame<'_> {
             .map(|t| TensorRef {
                 dtype: t.dtype(),
                 xla_type: t.xla_type,
-                // SAFETY: XLA guarantees the operand buffer holds `len` bytes
-                // for the duration of the call; it is only read here, and
-                // writable views (`rets_mut`) need `&mut self`, so no `&mut`
-                // to possibly aliased memory can coexist with this slice.
                 data: if t.len == 0 {
                     &[]
                 } else {
+                    // SAFETY: XLA guarantees the operand buffer holds `len`
+                    // bytes for the duration of the call; it is only read
+                    // here, and writable views (`rets_mut`) need `&mut self`,
+                    // so no `&mut` to possibly aliased memory can coexist.
                     unsafe { std::slice::from_raw_parts(t.data, t.len) }
                 },
                 dims: t.dims,
@@ -463,13 +463,14 @@ impl CallFrame<'_> {
             .map(|t| TensorMut {
                 dtype: t.dtype(),
                 xla_type: t.xla_type,
-                // SAFETY: XLA provides each result buffer, writable for `len`
-                // bytes, for the duration of the call; results were checked
-                // to be pairwise disjoint above, and `&mut self` guarantees
-                // no `&[u8]` operand view (which might alias) is alive.
                 data: if t.len == 0 {
                     &mut []
                 } else {
+                    // SAFETY: XLA provides each result buffer, writable for
+                    // `len` bytes, for the duration of the call; results were
+                    // checked to be pairwise disjoint above, and `&mut self`
+                    // guarantees no `&[u8]` operand view (which might alias)
+                    // is alive.
                     unsafe { std::slice::from_raw_parts_mut(t.data, t.len) }
                 },
                 dims: t.dims,
@@ -526,10 +527,9 @@ unsafe fn decode_attr(ty: u32, p: *mut c_void) -> Attr {
                 Attr::$v(Vec::new())
             } else {
                 // SAFETY: an array attribute of this dtype holds `size`
-                // elements of `$t` at `data`.
-                Attr::$v(
-                    unsafe { std::slice::from_raw_parts(a.data as *const $t, a.size) }.to_vec(),
-                )
+                // (suitably aligned) elements of `$t` at `data`.
+                let v = unsafe { std::slice::from_raw_parts(a.data as *const $t, a.size) };
+                Attr::$v(v.to_vec())
             }
         }};
     }

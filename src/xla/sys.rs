@@ -311,7 +311,7 @@ pjrt_args!(PJRT_Client_AddressableDevices_Args, last = num_addressable_devices: 
     num_addressable_devices: usize,
 });
 
-/// `PJRT_Program`.
+// `PJRT_Program`.
 pjrt_args!(PJRT_Program, last = format_size: usize, {
     code: *mut c_char,
     code_size: usize,
@@ -440,8 +440,8 @@ pub struct PJRT_Buffer_MemoryLayout_Tiled {
     pub tile_dim_sizes: *const usize,
     pub num_tiles: usize,
 }
-/// `PJRT_Buffer_MemoryLayout` (the union is represented by its larger member,
-/// `tiled`; `strides` would overlay its first four words).
+// `PJRT_Buffer_MemoryLayout` (the union is represented by its larger member,
+// `tiled`; `strides` would overlay its first four words).
 pjrt_args!(PJRT_Buffer_MemoryLayout, last = type_: u32, {
     tiled: PJRT_Buffer_MemoryLayout_Tiled,
     type_: u32,
@@ -668,7 +668,7 @@ mod tests {
         assert_eq!(offset_of!(XLA_FFI_Buffer, dims), 0x28);
         assert_eq!(size_of::<PJRT_FFI_Extension>(), 0x30);
         assert_eq!(PJRT_FFI_Register_Handler_Args::SIZE, 0x34);
-        assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Error_Create), 0x38);
+        assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Error_Create), 0x30);
         assert_eq!(offset_of!(XLA_FFI_Metadata_Extension, metadata), 0x18);
         assert_eq!(PJRT_Error_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Error_Message_Args::SIZE, 40);

@@ -5,12 +5,19 @@
 //! the order they arrive, but anything slow (compiling, running) is handed to executor threads
 //! and replied to from there, so the server itself never blocks.
 
+mod compute;
+mod resources;
+
+use crate::dispatch::Dispatcher;
 use crate::node::gen::{self, From};
 use crate::node::term::{as_atom, as_tuple, atom, error_kind, int, ok};
 use crate::node::{Node, Process, Signal};
+use crate::xla::{Client, Executor};
+use compute::Compute;
 use eetf::{Map, Term};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub struct ServerConfig {
@@ -66,14 +73,28 @@ impl Drop for ServerHandle {
     }
 }
 
+/// Loads the plugin, installs the callback targets and starts `:xla` and `net_kernel`.
 pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> {
-    let _ = config;
+    let client = Client::from_plugin(&config.plugin)
+        .map_err(|e| anyhow::anyhow!("cannot load PJRT plugin {}: {e}", config.plugin.display()))?;
+    tracing::info!(plugin = %config.plugin.display(), platform = client.platform_name(), devices = client.devices().len(), "XLA ready");
+    let dispatcher = Dispatcher::install(node.clone(), &client, config.callback_timeout)
+        .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
+    let compute = Compute {
+        node: node.clone(),
+        server: xla.pid().clone(),
+        executor: Executor::new(client),
+        resources: Arc::default(),
+        plugin: config.plugin,
+        dispatcher,
+        runs: Arc::default(),
+    };
     Ok(ServerHandle {
         tasks: vec![
             tokio::spawn(net_kernel_loop(net_kernel)),
-            tokio::spawn(xla_loop(xla)),
+            tokio::spawn(xla_loop(xla, compute)),
         ],
     })
 }
@@ -93,26 +114,59 @@ async fn net_kernel_loop(mut process: Process) {
     }
 }
 
-async fn xla_loop(mut process: Process) {
+async fn xla_loop(mut process: Process, compute: Compute) {
     while let Some(signal) = process.recv().await {
         match signal {
             Signal::Message(message) => match gen::parse_call(message) {
-                Ok((from, request)) => handle_call(&process, from, request),
+                Ok((from, request)) => handle_call(&process, &compute, from, request),
                 Err(other) => tracing::debug!("xla: ignoring message {other}"),
             },
             // The server traps exits: a linked client that dies must not take it down.
             Signal::Exit { from, reason, .. } => {
                 tracing::debug!("xla: exit signal from {from}: {reason}")
             }
-            Signal::Down { .. } => {}
+            // An owner of executables or buffers died or disconnected.
+            Signal::Down {
+                reference,
+                object,
+                reason,
+            } => {
+                let freed = compute.resources.owner_down(&reference);
+                if freed > 0 {
+                    tracing::debug!("xla: {object} went down ({reason}); freed {freed} resources");
+                }
+            }
         }
     }
 }
 
-fn handle_call(process: &Process, from: From, request: Term) {
+fn handle_call(process: &Process, compute: &Compute, from: From, request: Term) {
+    let request = match request {
+        Term::Tuple(t) => {
+            let mut e = t.elements;
+            match (e.first().and_then(as_atom), e.len()) {
+                (Some("compile"), 2 | 3) => {
+                    let opts = (e.len() == 3).then(|| e.pop().expect("3 elements"));
+                    return compute.compile(from, e.pop().expect("2 elements"), opts);
+                }
+                (Some("run"), 3 | 4) => {
+                    let opts = (e.len() == 4).then(|| e.pop().expect("4 elements"));
+                    let args = e.pop().expect("3 elements");
+                    return compute.run(from, e.pop().expect("2 elements"), args, opts);
+                }
+                (Some("to_device"), 2) => {
+                    return compute.to_device(from, e.pop().expect("2 elements"))
+                }
+                (Some("read"), 2) => return compute.read(from, e.pop().expect("2 elements")),
+                (Some("free"), 2) => return compute.free(from, e.pop().expect("2 elements")),
+                _ => Term::from(eetf::Tuple::from(e)),
+            }
+        }
+        other => other,
+    };
     let reply = match &request {
         Term::Atom(a) if a.name == "ping" => atom("pong"),
-        Term::Atom(a) if a.name == "info" => ok(info(process.node())),
+        Term::Atom(a) if a.name == "info" => ok(info(process.node(), compute)),
         Term::Atom(a) if a.name == "spawn_echo" => {
             let worker = process.node().spawn_process();
             let pid = Term::from(worker.pid().clone());
@@ -127,9 +181,9 @@ fn handle_call(process: &Process, from: From, request: Term) {
     gen::reply(process, &from, reply);
 }
 
-fn info(node: &Node) -> Term {
+fn info(node: &Node, compute: &Compute) -> Term {
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
-    map(vec![
+    let mut entries = vec![
         ("node", atom(node.name())),
         (
             "version",
@@ -138,7 +192,9 @@ fn info(node: &Node) -> Term {
         ("uptime_ms", int(node.uptime().as_millis() as i64)),
         ("peers", crate::node::term::list(peers)),
         ("processes", int(node.process_count() as i64)),
-    ])
+    ];
+    entries.extend(compute.info());
+    map(entries)
 }
 
 /// A map with atom keys.

@@ -1,0 +1,281 @@
+defmodule XlaNode do
+  @moduledoc """
+  Client for `xla_node`, a hidden Erlang node that compiles and runs XLA programs.
+
+  The node registers a process named `:xla`; every function here is a `GenServer.call/3` to it.
+  Connect to the node the usual way (same cookie, `Node.connect/1` or just call it: distribution
+  connects on first use) and pass its node name as the `server`:
+
+      node = :"xla@gpu-box"
+      {:ok, exe} = XlaNode.compile(node, File.read!("add_one.mlir"))
+      x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})
+      {:ok, [y]} = XlaNode.run(node, exe, [x])
+      XlaNode.Tensor.to_list(y)
+      #=> [2.0, 3.0, 4.0, 5.0]
+
+  ## Servers
+
+  `server` is either a node name (an atom, meaning `{:xla, node}`) or any other
+  `t:GenServer.server/0` term: a pid, `{name, node}`, `{:global, name}`, `{:via, mod, name}`.
+  A local registered name must be given as `{name, node()}`, since a bare atom means a node.
+
+  ## Results and errors
+
+  Functions return `{:ok, result}` or `{:error, %XlaNode.Error{}}` (`free/3` returns `:ok`,
+  `ping/2` returns `:pong`). Errors reported by the node keep their kind (`:argument_error`,
+  `:compile_error`, `:runtime_error`). A call that cannot complete does not exit the caller: it
+  returns an error of kind `:noproc` (nothing registered as `:xla` there), `:nodedown` (no
+  connection), `:timeout` or `:exit`. Bang variants raise the `XlaNode.Error` instead.
+
+  ## Tensors and buffers
+
+  A tensor is `{binary, {type, dims}}`: `type` is an Nx-style type such as `{:f, 32}`, `dims` a
+  list, `binary` the row-major little-endian data. `XlaNode.Tensor` builds and reads them.
+  Executables and device buffers are references owned by the process that created them: the
+  node frees them when it exits, or explicitly with `free/3`.
+
+  ## Timeouts
+
+  Every function takes a `:timeout` option (milliseconds or `:infinity`). `compile/3` and `run/4`,
+  whose duration depends on the program, default to `:infinity`; the others default to
+  `60_000`. A node that goes down or disconnects still ends an `:infinity` call (with a
+  `:nodedown` error), because `GenServer.call/3` monitors the server.
+  """
+
+  alias XlaNode.Error
+
+  @default_timeout 60_000
+
+  @typedoc "A node name (meaning `{:xla, node}`) or any `GenServer` server."
+  @type server :: node() | GenServer.server()
+
+  @typedoc "An executable returned by `compile/3`."
+  @type executable :: reference()
+
+  @typedoc "A device buffer returned by `to_device/3` or `run/4` with `keep_on_device: true`."
+  @type buffer :: reference()
+
+  @typedoc "`{binary, {type, dims}}`; see `XlaNode.Tensor`."
+  @type tensor :: XlaNode.Tensor.t()
+
+  @type error :: {:error, Error.t()}
+
+  @doc """
+  Compiles a StableHLO/MLIR module (text or bytecode) into an executable.
+
+  Options: `:timeout` (default `:infinity`). Any other options are passed to the node.
+
+  ## Examples
+
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
+      {:ok, exe} = XlaNode.compile(:"xla@host", mlir)
+
+      {:error, %XlaNode.Error{kind: :compile_error}} = XlaNode.compile(:"xla@host", "nonsense")
+  """
+  @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
+  def compile(server, mlir, opts \\ []) do
+    {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
+    mlir = IO.iodata_to_binary(mlir)
+    request = if node_opts == [], do: {:compile, mlir}, else: {:compile, mlir, node_opts}
+    call(server, request, timeout)
+  end
+
+  @doc """
+  Like `compile/3` but returns the executable or raises `XlaNode.Error`.
+
+      exe = XlaNode.compile!(:"xla@host", mlir)
+  """
+  @spec compile!(server(), iodata(), keyword()) :: executable()
+  def compile!(server, mlir, opts \\ []), do: bang(compile(server, mlir, opts))
+
+  @doc """
+  Runs an executable.
+
+  `args` are tensors (`{binary, {type, dims}}`) or device buffers, one per parameter of the
+  program. Returns the results in order: tensors, or buffer references with
+  `keep_on_device: true`.
+
+  Options:
+
+    * `:keep_on_device` - leave the results on the device and return buffers (default `false`)
+    * `:callback_server` - the process that serves the program's host callbacks, usually an
+      `XlaNode.CallbackServer`: a pid, `{name, node}`, or a bare atom, which is taken as a name
+      registered on *this* node (`{name, node()}`). The node supplies the callback handle
+      parameter itself, so `args` leave it out.
+    * `:callback_timeout` - how long the node waits for each callback reply, in milliseconds or
+      `:infinity`
+    * `:timeout` - how long to wait for the result (default `:infinity`)
+
+  Other options are passed to the node as they are.
+
+  ## Examples
+
+      x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})
+      {:ok, [y]} = XlaNode.run(:"xla@host", exe, [x])
+      XlaNode.Tensor.to_list(y)
+      #=> [2.0, 3.0, 4.0, 5.0]
+
+      {:ok, [buf]} = XlaNode.run(:"xla@host", exe, [x], keep_on_device: true)
+      {:ok, [z]} = XlaNode.run(:"xla@host", exe, [buf])
+  """
+  @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
+          {:ok, [tensor() | buffer()]} | error()
+  def run(server, exe, args, opts \\ []) when is_list(args) do
+    {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
+
+    node_opts =
+      Enum.map(node_opts, fn
+        {:callback_server, name} when is_atom(name) and name != nil ->
+          {:callback_server, {name, node()}}
+
+        other ->
+          other
+      end)
+
+    request = if node_opts == [], do: {:run, exe, args}, else: {:run, exe, args, node_opts}
+    call(server, request, timeout)
+  end
+
+  @doc """
+  Like `run/4` but returns the list of results or raises `XlaNode.Error`.
+
+      [y] = XlaNode.run!(:"xla@host", exe, [x])
+  """
+  @spec run!(server(), executable(), [tensor() | buffer()], keyword()) :: [tensor() | buffer()]
+  def run!(server, exe, args, opts \\ []), do: bang(run(server, exe, args, opts))
+
+  @doc """
+  Copies a tensor to the device and returns a buffer reference, usable as a `run/4` argument.
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+  """
+  @spec to_device(server(), tensor(), keyword()) :: {:ok, buffer()} | error()
+  def to_device(server, tensor, opts \\ []),
+    do: call(server, {:to_device, tensor}, timeout(opts))
+
+  @doc """
+  Like `to_device/3` but returns the buffer or raises `XlaNode.Error`.
+
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.scalar(1.0, {:f, 32}))
+  """
+  @spec to_device!(server(), tensor(), keyword()) :: buffer()
+  def to_device!(server, tensor, opts \\ []), do: bang(to_device(server, tensor, opts))
+
+  @doc """
+  Reads a device buffer back as a tensor.
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, tensor} = XlaNode.read(:"xla@host", buf)
+  """
+  @spec read(server(), buffer(), keyword()) :: {:ok, tensor()} | error()
+  def read(server, buffer, opts \\ []), do: call(server, {:read, buffer}, timeout(opts))
+
+  @doc """
+  Like `read/3` but returns the tensor or raises `XlaNode.Error`.
+
+      [1, 2] = buf |> then(&XlaNode.read!(:"xla@host", &1)) |> XlaNode.Tensor.to_list()
+  """
+  @spec read!(server(), buffer(), keyword()) :: tensor()
+  def read!(server, buffer, opts \\ []), do: bang(read(server, buffer, opts))
+
+  @doc """
+  Frees an executable or a buffer now instead of when its owner exits.
+
+  Options: `:timeout` (default `60_000`).
+
+      :ok = XlaNode.free(:"xla@host", buf)
+      {:error, %XlaNode.Error{kind: :argument_error}} = XlaNode.free(:"xla@host", buf)
+  """
+  @spec free(server(), executable() | buffer(), keyword()) :: :ok | error()
+  def free(server, ref, opts \\ []) do
+    case call(server, {:free, ref}, timeout(opts)) do
+      {:ok, :ok} -> :ok
+      {:error, _} = error -> error
+    end
+  end
+
+  @doc """
+  Like `free/3` but returns `:ok` or raises `XlaNode.Error`.
+
+      :ok = XlaNode.free!(:"xla@host", exe)
+  """
+  @spec free!(server(), executable() | buffer(), keyword()) :: :ok
+  def free!(server, ref, opts \\ []) do
+    case free(server, ref, opts) do
+      :ok -> :ok
+      {:error, error} -> raise error
+    end
+  end
+
+  @doc """
+  Checks that the node answers: `:pong`, or `{:error, %XlaNode.Error{}}`.
+
+  Options: `:timeout` (default `60_000`).
+
+      :pong = XlaNode.ping(:"xla@host")
+      {:error, %XlaNode.Error{kind: :nodedown}} = XlaNode.ping(:"nobody@nowhere")
+  """
+  @spec ping(server(), keyword()) :: :pong | error()
+  def ping(server, opts \\ []) do
+    case call(server, :ping, timeout(opts)) do
+      {:ok, :pong} -> :pong
+      {:ok, other} -> {:error, Error.from_reason(other)}
+      {:error, _} = error -> error
+    end
+  end
+
+  @doc """
+  The node's status: a map with keys such as `:node`, `:version`, `:uptime_ms`, `:peers`,
+  `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`.
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, %{platform: "cpu", devices: devices}} = XlaNode.info(:"xla@host")
+  """
+  @spec info(server(), keyword()) :: {:ok, map()} | error()
+  def info(server, opts \\ []), do: call(server, :info, timeout(opts))
+
+  @doc """
+  The `GenServer` server term a `server` argument stands for.
+
+      iex> XlaNode.server(:"xla@host")
+      {:xla, :"xla@host"}
+      iex> XlaNode.server({:xla, :"xla@host"})
+      {:xla, :"xla@host"}
+  """
+  @spec server(server()) :: GenServer.server()
+  def server(node) when is_atom(node) and node != nil, do: {:xla, node}
+  def server(server), do: server
+
+  ## Internals
+
+  defp timeout(opts), do: Keyword.get(opts, :timeout, @default_timeout)
+
+  # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
+  # reply with a bare value (:ping, :free) come back as {:ok, value}.
+  defp call(server, request, timeout) do
+    target = server(server)
+
+    try do
+      GenServer.call(target, request, timeout)
+    catch
+      :exit, reason -> {:error, Error.from_exit(reason, target)}
+    else
+      {:ok, value} -> {:ok, value}
+      {:error, reason} -> {:error, Error.from_reason(reason)}
+      other -> {:ok, other}
+    end
+  end
+
+  defp bang({:ok, value}), do: value
+  defp bang({:error, %Error{} = error}), do: raise(error)
+end

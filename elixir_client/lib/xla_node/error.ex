@@ -1,0 +1,117 @@
+defmodule XlaNode.Error do
+  @moduledoc """
+  The error every `XlaNode` function returns as `{:error, %XlaNode.Error{}}` and every bang
+  function raises.
+
+  Fields:
+
+    * `:kind` - an atom that says what went wrong:
+      * errors the node reports: `:argument_error`, `:compile_error`, `:runtime_error` (and any
+        other kind a node may send, e.g. `:bad_request`);
+      * errors of the call itself, when the node could not be asked or did not answer:
+        `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
+        `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
+        another reason), `:bad_reply` (an answer this library does not understand).
+    * `:message` - a human readable message (a binary).
+    * `:reason` - the raw reason: the exit reason for call errors, the `{kind, message}` term the
+      node sent otherwise.
+
+  `Exception.message/1` puts the kind in front of the message:
+
+      iex> error = %XlaNode.Error{kind: :runtime_error, message: "out of memory"}
+      iex> Exception.message(error)
+      "runtime_error: out of memory"
+  """
+
+  @type kind ::
+          :argument_error
+          | :compile_error
+          | :runtime_error
+          | :noproc
+          | :nodedown
+          | :timeout
+          | :exit
+          | :bad_reply
+          | atom()
+
+  @type t :: %__MODULE__{kind: kind(), message: String.t(), reason: term()}
+
+  defexception kind: :runtime_error, message: "", reason: nil
+
+  @impl true
+  def message(%__MODULE__{kind: kind, message: message}), do: "#{kind}: #{message}"
+
+  @doc """
+  Builds an error from what the node sent after `:error` (`{kind, message}`).
+
+      iex> XlaNode.Error.from_reason({:compile_error, "bad MLIR"})
+      %XlaNode.Error{kind: :compile_error, message: "bad MLIR", reason: {:compile_error, "bad MLIR"}}
+
+      iex> XlaNode.Error.from_reason(:weird).kind
+      :bad_reply
+  """
+  @spec from_reason(term()) :: t()
+  def from_reason({kind, message} = reason) when is_atom(kind) and is_binary(message),
+    do: %__MODULE__{kind: kind, message: message, reason: reason}
+
+  def from_reason({kind, message} = reason) when is_atom(kind),
+    do: %__MODULE__{kind: kind, message: inspect(message), reason: reason}
+
+  def from_reason(reason),
+    do: %__MODULE__{kind: :bad_reply, message: "unexpected error #{inspect(reason)}", reason: reason}
+
+  @doc """
+  Builds an error from the reason a `GenServer.call/3` exited with.
+
+      iex> XlaNode.Error.from_exit({:nodedown, :"xla@host"}, {:xla, :"xla@host"}).kind
+      :nodedown
+
+      iex> XlaNode.Error.from_exit(:timeout, {:xla, :"xla@host"}).message
+      "no reply from {:xla, :\\"xla@host\\"} in time"
+  """
+  @spec from_exit(term(), GenServer.server()) :: t()
+  def from_exit(reason, server) do
+    case reason do
+      {reason, {GenServer, :call, _}} ->
+        from_exit(reason, server)
+
+      :noproc ->
+        %__MODULE__{kind: :noproc, message: "no process at #{inspect(server)}", reason: reason}
+
+      {:nodedown, node} ->
+        %__MODULE__{
+          kind: :nodedown,
+          message: "node #{inspect(node)} is down or unreachable",
+          reason: reason
+        }
+
+      :nodedown ->
+        %__MODULE__{
+          kind: :nodedown,
+          message: "node of #{inspect(server)} is down or unreachable",
+          reason: reason
+        }
+
+      :noconnection ->
+        %__MODULE__{
+          kind: :nodedown,
+          message: "lost the connection to #{inspect(server)}",
+          reason: reason
+        }
+
+      :timeout ->
+        %__MODULE__{
+          kind: :timeout,
+          message: "no reply from #{inspect(server)} in time",
+          reason: reason
+        }
+
+      other ->
+        %__MODULE__{
+          kind: :exit,
+          message: "call to #{inspect(server)} exited: #{inspect(other)}",
+          reason: other
+        }
+    end
+  end
+end

@@ -1,0 +1,507 @@
+defmodule XlaNode.Tensor do
+  @moduledoc """
+  Builds and reads the tensors `xla_node` exchanges, without Nx.
+
+  A tensor is the tuple `{binary, {type, dims}}`:
+
+    * `type` - an Nx-style type: `{:s, 8 | 16 | 32 | 64}`, `{:u, 8 | 16 | 32 | 64}`,
+      `{:f, 16 | 32 | 64}`, `{:bf, 16}`, `{:c, 64 | 128}` or `{:pred, 8}`. Functions here also
+      accept the short atoms `:s32`, `:u8`, `:f16`, `:bf16`, `:c64`, `:pred`, ...
+    * `dims` - a list of non-negative integers (`[]` for a scalar)
+    * `binary` - the elements in row-major order, little-endian
+
+  ## Element values
+
+    * integers (`:s`, `:u`) - Elixir integers; values out of the type's range raise
+    * floats (`:f`, `:bf`) - floats or integers; `:infinity`, `:neg_infinity` and `:nan` stand for
+      the IEEE special values (read back the same way, like Nx). `f16` and `bf16` are encoded by
+      hand with round-to-nearest-even; values too large for the type become infinities.
+    * complex (`:c`) - `{re, im}` tuples, maps/structs with `:re` and `:im` (such as `Complex`),
+      or plain real numbers; read back as `{re, im}` tuples of floats
+    * `:pred` - `true`/`false` or `0`/`1`; read back as `0`/`1`, like Nx
+
+  ## Examples
+
+      iex> t = XlaNode.Tensor.from_list([[1, 2], [3, 4]], {:s, 32})
+      iex> XlaNode.Tensor.shape(t)
+      [2, 2]
+      iex> XlaNode.Tensor.to_list(t)
+      [[1, 2], [3, 4]]
+
+      iex> XlaNode.Tensor.from_list([1.0, 65504.0, 1.0e6], :f16) |> XlaNode.Tensor.to_list()
+      [1.0, 65504.0, :infinity]
+  """
+
+  import Bitwise
+
+  @typedoc "An Nx-style element type."
+  @type type ::
+          {:s, 8 | 16 | 32 | 64}
+          | {:u, 8 | 16 | 32 | 64}
+          | {:f, 16 | 32 | 64}
+          | {:bf, 16}
+          | {:c, 64 | 128}
+          | {:pred, 8}
+
+  @typedoc "A type, or one of the short atoms `:f32`, `:bf16`, `:s64`, `:u8`, `:c64`, `:pred`, ..."
+  @type type_input :: type() | atom()
+
+  @type dims :: [non_neg_integer()]
+
+  @type t :: {binary(), {type(), dims()}}
+
+  @typedoc "An element value; see the module documentation."
+  @type value ::
+          number()
+          | :infinity
+          | :neg_infinity
+          | :nan
+          | boolean()
+          | {number() | atom(), number() | atom()}
+          | %{re: number(), im: number()}
+
+  @types [
+    {:s, 8},
+    {:s, 16},
+    {:s, 32},
+    {:s, 64},
+    {:u, 8},
+    {:u, 16},
+    {:u, 32},
+    {:u, 64},
+    {:f, 16},
+    {:f, 32},
+    {:f, 64},
+    {:bf, 16},
+    {:c, 64},
+    {:c, 128},
+    {:pred, 8}
+  ]
+
+  @doc """
+  The supported types.
+
+      iex> {:bf, 16} in XlaNode.Tensor.types()
+      true
+  """
+  @spec types() :: [type()]
+  def types, do: @types
+
+  @doc """
+  Normalises a type: `:f32` becomes `{:f, 32}`, `:pred` becomes `{:pred, 8}`. Raises
+  `ArgumentError` for unsupported types.
+
+      iex> XlaNode.Tensor.normalize_type(:bf16)
+      {:bf, 16}
+      iex> XlaNode.Tensor.normalize_type({:u, 8})
+      {:u, 8}
+  """
+  @spec normalize_type(type_input()) :: type()
+  def normalize_type(type) when type in @types, do: type
+  def normalize_type(:pred), do: {:pred, 8}
+
+  def normalize_type(type) when is_atom(type) and type != nil do
+    case Regex.run(~r/^(s|u|f|bf|c|pred)(\d+)$/, Atom.to_string(type)) do
+      [_, kind, bits] -> normalize_type({String.to_atom(kind), String.to_integer(bits)})
+      _ -> raise ArgumentError, "unsupported tensor type #{inspect(type)}"
+    end
+  end
+
+  def normalize_type(type), do: raise(ArgumentError, "unsupported tensor type #{inspect(type)}")
+
+  @doc """
+  Bytes per element of a type.
+
+      iex> XlaNode.Tensor.element_size({:c, 64})
+      8
+      iex> XlaNode.Tensor.element_size(:bf16)
+      2
+  """
+  @spec element_size(type_input()) :: pos_integer()
+  def element_size(type) do
+    {_, bits} = normalize_type(type)
+    div(bits, 8)
+  end
+
+  @doc """
+  Builds a tensor from a (possibly nested) list of values.
+
+  Without `dims`, the shape is the nesting of the list, which must be rectangular. With `dims`,
+  the list (flattened) must hold exactly `product(dims)` values.
+
+      iex> XlaNode.Tensor.from_list([1, 2, 3], {:u, 8})
+      {<<1, 2, 3>>, {{:u, 8}, [3]}}
+
+      iex> XlaNode.Tensor.from_list([1, 2, 3, 4, 5, 6], :s8, [2, 3]) |> XlaNode.Tensor.to_list()
+      [[1, 2, 3], [4, 5, 6]]
+
+      iex> XlaNode.Tensor.from_list([true, false], :pred)
+      {<<1, 0>>, {{:pred, 8}, [2]}}
+  """
+  @spec from_list(list(), type_input(), dims() | nil) :: t()
+  def from_list(list, type, dims \\ nil) when is_list(list) do
+    type = normalize_type(type)
+
+    {values, dims} =
+      case dims do
+        nil ->
+          {List.flatten(list), infer_dims(list)}
+
+        dims when is_list(dims) ->
+          values = List.flatten(list)
+          check_dims!(dims)
+
+          if length(values) != product(dims) do
+            raise ArgumentError,
+                  "#{length(values)} values given for dims #{inspect(dims)} " <>
+                    "(#{product(dims)} expected)"
+          end
+
+          {values, dims}
+
+        other ->
+          raise ArgumentError, "dims must be a list of non-negative integers, got #{inspect(other)}"
+      end
+
+    {encode(values, type), {type, dims}}
+  end
+
+  @doc """
+  Builds a rank-0 tensor.
+
+      iex> XlaNode.Tensor.scalar(1.5, {:f, 32})
+      {<<0, 0, 192, 63>>, {{:f, 32}, []}}
+      iex> XlaNode.Tensor.scalar({1, -1}, :c64) |> XlaNode.Tensor.to_list()
+      {1.0, -1.0}
+  """
+  @spec scalar(value(), type_input()) :: t()
+  def scalar(value, type) do
+    type = normalize_type(type)
+    {encode([value], type), {type, []}}
+  end
+
+  @doc """
+  Wraps a binary in a tensor, checking that its size fits the type and dims.
+
+      iex> XlaNode.Tensor.from_binary(<<1, 0, 2, 0>>, {:s, 16}, [2]) |> XlaNode.Tensor.to_list()
+      [1, 2]
+  """
+  @spec from_binary(binary(), type_input(), dims()) :: t()
+  def from_binary(binary, type, dims) when is_binary(binary) and is_list(dims) do
+    type = normalize_type(type)
+    check_dims!(dims)
+    expected = element_size(type) * product(dims)
+
+    if byte_size(binary) != expected do
+      raise ArgumentError,
+            "#{byte_size(binary)} bytes given for #{inspect(type)} #{inspect(dims)} " <>
+              "(#{expected} expected)"
+    end
+
+    {binary, {type, dims}}
+  end
+
+  @doc """
+  The tensor's values as a nested list following its dims; a scalar gives its value.
+
+      iex> XlaNode.Tensor.from_list([[1.0], [2.0]], :f64) |> XlaNode.Tensor.to_list()
+      [[1.0], [2.0]]
+      iex> XlaNode.Tensor.scalar(7, :s64) |> XlaNode.Tensor.to_list()
+      7
+  """
+  @spec to_list(t()) :: value() | list()
+  def to_list({_binary, {_type, dims}} = tensor) do
+    values = to_flat_list(tensor)
+
+    case dims do
+      [] -> hd(values)
+      _ -> nest(values, dims)
+    end
+  end
+
+  @doc """
+  The tensor's values as a flat list, in row-major order.
+
+      iex> XlaNode.Tensor.from_list([[1, 2], [3, 4]], :u16) |> XlaNode.Tensor.to_flat_list()
+      [1, 2, 3, 4]
+  """
+  @spec to_flat_list(t()) :: [value()]
+  def to_flat_list({binary, {type, dims}}) when is_binary(binary) do
+    type = normalize_type(type)
+    expected = element_size(type) * product(dims)
+
+    if byte_size(binary) != expected do
+      raise ArgumentError,
+            "tensor has #{byte_size(binary)} bytes, #{inspect(type)} #{inspect(dims)} " <>
+              "needs #{expected}"
+    end
+
+    decode(binary, type)
+  end
+
+  @doc """
+  The value of a tensor with exactly one element.
+
+      iex> XlaNode.Tensor.scalar(3.0, :bf16) |> XlaNode.Tensor.to_number()
+      3.0
+  """
+  @spec to_number(t()) :: value()
+  def to_number(tensor) do
+    case to_flat_list(tensor) do
+      [value] -> value
+      values -> raise ArgumentError, "expected a tensor of one element, got #{length(values)}"
+    end
+  end
+
+  @doc """
+  The dims of a tensor.
+
+      iex> XlaNode.Tensor.shape(XlaNode.Tensor.from_list([[1, 2, 3]], :s32))
+      [1, 3]
+  """
+  @spec shape(t()) :: dims()
+  def shape({_binary, {_type, dims}}), do: dims
+
+  @doc """
+  The type of a tensor.
+
+      iex> XlaNode.Tensor.type(XlaNode.Tensor.scalar(1, :u64))
+      {:u, 64}
+  """
+  @spec type(t()) :: type()
+  def type({_binary, {type, _dims}}), do: type
+
+  @doc """
+  The number of elements.
+
+      iex> XlaNode.Tensor.size(XlaNode.Tensor.from_list([1, 2, 3, 4], :s8, [2, 2]))
+      4
+  """
+  @spec size(t()) :: non_neg_integer()
+  def size({_binary, {_type, dims}}), do: product(dims)
+
+  ## Shapes
+
+  defp infer_dims([]), do: [0]
+
+  defp infer_dims([first | _] = list) when is_list(first) do
+    inner = infer_dims(first)
+
+    Enum.each(list, fn
+      sub when is_list(sub) ->
+        if infer_dims(sub) != inner, do: raise(ArgumentError, "the list is not rectangular")
+
+      _ ->
+        raise ArgumentError, "the list is not rectangular"
+    end)
+
+    [length(list) | inner]
+  end
+
+  defp infer_dims(list) do
+    if Enum.any?(list, &is_list/1), do: raise(ArgumentError, "the list is not rectangular")
+    [length(list)]
+  end
+
+  defp check_dims!(dims) do
+    unless Enum.all?(dims, &(is_integer(&1) and &1 >= 0)) do
+      raise ArgumentError, "dims must be a list of non-negative integers, got #{inspect(dims)}"
+    end
+  end
+
+  defp product(dims), do: Enum.reduce(dims, 1, &(&1 * &2))
+
+  defp nest(values, [_]), do: values
+  defp nest([], [0 | _]), do: []
+
+  defp nest(values, [_ | inner]) do
+    values
+    |> Enum.chunk_every(product(inner))
+    |> Enum.map(&nest(&1, inner))
+  end
+
+  ## Encoding
+
+  defp encode(values, type) do
+    for value <- values, into: <<>>, do: encode_value(value, type)
+  end
+
+  defp encode_value(v, {:pred, 8}) do
+    case v do
+      true -> <<1>>
+      false -> <<0>>
+      1 -> <<1>>
+      0 -> <<0>>
+      other -> raise ArgumentError, "expected a boolean or 0/1 for :pred, got #{inspect(other)}"
+    end
+  end
+
+  defp encode_value(v, {:s, bits}) when is_integer(v) do
+    limit = 1 <<< (bits - 1)
+
+    if v < -limit or v >= limit,
+      do: raise(ArgumentError, "#{v} is out of range for {:s, #{bits}}")
+
+    <<v::signed-little-size(bits)>>
+  end
+
+  defp encode_value(v, {:u, bits}) when is_integer(v) do
+    if v < 0 or v >= 1 <<< bits,
+      do: raise(ArgumentError, "#{v} is out of range for {:u, #{bits}}")
+
+    <<v::unsigned-little-size(bits)>>
+  end
+
+  defp encode_value(v, {:f, 64}), do: float_bits(v, 11, 52) |> then(&<<&1::little-64>>)
+  defp encode_value(v, {:f, 32}), do: float_bits(v, 8, 23) |> then(&<<&1::little-32>>)
+  defp encode_value(v, {:f, 16}), do: float_bits(v, 5, 10) |> then(&<<&1::little-16>>)
+  defp encode_value(v, {:bf, 16}), do: float_bits(v, 8, 7) |> then(&<<&1::little-16>>)
+
+  defp encode_value(v, {:c, bits}) do
+    part = {:f, div(bits, 2)}
+    {re, im} = complex_parts(v)
+    encode_value(re, part) <> encode_value(im, part)
+  end
+
+  defp encode_value(v, type),
+    do: raise(ArgumentError, "cannot encode #{inspect(v)} as #{inspect(type)}")
+
+  defp complex_parts({re, im}), do: {re, im}
+  defp complex_parts(%{re: re, im: im}), do: {re, im}
+  defp complex_parts(v) when is_number(v) or v in [:infinity, :neg_infinity, :nan], do: {v, 0}
+
+  defp complex_parts(v),
+    do: raise(ArgumentError, "expected {re, im} or a number for a complex type, got #{inspect(v)}")
+
+  # IEEE 754 binary interchange bits of `v` for a format with `e` exponent bits and `m` mantissa
+  # bits, rounding to nearest even. Works from the exact value of the double (or integer).
+  defp float_bits(v, e, m) do
+    inf = ((1 <<< e) - 1) <<< m
+    sign_bit = 1 <<< (e + m)
+
+    case v do
+      :infinity ->
+        inf
+
+      :neg_infinity ->
+        sign_bit ||| inf
+
+      :nan ->
+        inf ||| 1 <<< (m - 1)
+
+      v when is_integer(v) ->
+        sign = if v < 0, do: sign_bit, else: 0
+        # An integer is mantissa `abs(v)` times 2^0.
+        sign ||| round_to_format(abs(v), 0, e, m)
+
+      v when is_float(v) ->
+        <<s::1, exp::11, frac::52>> = <<v::float-64>>
+        sign = if s == 1, do: sign_bit, else: 0
+
+        cond do
+          exp == 0 and frac == 0 -> sign
+          exp == 0 -> sign ||| round_to_format(frac, -1074, e, m)
+          true -> sign ||| round_to_format(frac ||| 1 <<< 52, exp - 1075, e, m)
+        end
+
+      other ->
+        raise ArgumentError, "expected a number, :infinity, :neg_infinity or :nan, got #{inspect(other)}"
+    end
+  end
+
+  # Bits (without sign) of the nearest value to `mant * 2^exp2` (mant > 0) in the format.
+  defp round_to_format(0, _exp2, _e, _m), do: 0
+
+  defp round_to_format(mant, exp2, e, m) do
+    bias = (1 <<< (e - 1)) - 1
+    emin = 1 - bias
+    inf = ((1 <<< e) - 1) <<< m
+    # Unbiased exponent of the leading bit of the value.
+    lead = exp2 + bit_length(mant) - 1
+    q = max(lead, emin) - m
+    # The value in units of 2^q, rounded half to even.
+    r = shift_round(mant, q - exp2)
+    bits = ((max(lead, emin) - emin) <<< m) + r
+    min(bits, inf)
+  end
+
+  defp shift_round(mant, shift) when shift <= 0, do: mant <<< -shift
+
+  defp shift_round(mant, shift) do
+    r = mant >>> shift
+    rem = mant &&& (1 <<< shift) - 1
+    half = 1 <<< (shift - 1)
+
+    cond do
+      rem > half -> r + 1
+      rem == half and (r &&& 1) == 1 -> r + 1
+      true -> r
+    end
+  end
+
+  defp bit_length(n), do: length(Integer.digits(n, 2))
+
+  ## Decoding
+
+  defp decode(binary, {:pred, 8}), do: for(<<b <- binary>>, do: if(b == 0, do: 0, else: 1))
+
+  defp decode(binary, {:s, bits}),
+    do: for(<<v::signed-little-size(bits) <- binary>>, do: v)
+
+  defp decode(binary, {:u, bits}),
+    do: for(<<v::unsigned-little-size(bits) <- binary>>, do: v)
+
+  defp decode(binary, {:f, 64}), do: for(<<b::little-64 <- binary>>, do: float_value(b, 11, 52))
+  defp decode(binary, {:f, 32}), do: for(<<b::little-32 <- binary>>, do: float_value(b, 8, 23))
+  defp decode(binary, {:f, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 5, 10))
+  defp decode(binary, {:bf, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 8, 7))
+
+  defp decode(binary, {:c, bits}) do
+    half = div(bits, 2)
+    [part] = decode_parts(binary, half)
+    part
+  end
+
+  defp decode_parts(binary, half) do
+    size = div(half, 8)
+
+    [
+      for <<re::binary-size(size), im::binary-size(size) <- binary>> do
+        [re] = decode(re, {:f, half})
+        [im] = decode(im, {:f, half})
+        {re, im}
+      end
+    ]
+  end
+
+  defp float_value(bits, e, m) do
+    sign = bits >>> (e + m)
+    exp = bits >>> m &&& (1 <<< e) - 1
+    frac = bits &&& (1 <<< m) - 1
+    bias = (1 <<< (e - 1)) - 1
+
+    cond do
+      exp == (1 <<< e) - 1 and frac != 0 ->
+        :nan
+
+      exp == (1 <<< e) - 1 ->
+        if sign == 1, do: :neg_infinity, else: :infinity
+
+      e == 11 ->
+        <<f::float-64>> = <<bits::64>>
+        f
+
+      true ->
+        magnitude =
+          if exp == 0,
+            do: frac * pow2(1 - bias - m),
+            else: ((1 <<< m) + frac) * pow2(exp - bias - m)
+
+        if sign == 1, do: -magnitude, else: magnitude
+    end
+  end
+
+  # 2^k as an exact float (|k| is small enough for every format here but f64, decoded natively).
+  defp pow2(k) when k >= 0, do: (1 <<< k) * 1.0
+  defp pow2(k), do: 1.0 / (1 <<< -k)
+end

@@ -1,0 +1,24 @@
+defmodule XlaNodeIntegration.MixProject do
+  use Mix.Project
+
+  # Multi-node integration tests for the `xla_node` binary: real epmd, real BEAM peer nodes,
+  # real TCP. No dependencies (hex.pm is not reachable). See test/test_helper.exs for how to run.
+  def project do
+    [
+      app: :xla_node_integration,
+      version: "0.1.0",
+      elixir: "~> 1.14",
+      elixirc_paths: elixirc_paths(Mix.env()),
+      start_permanent: false,
+      deps: [],
+      preferred_cli_env: [test: :test]
+    ]
+  end
+
+  def application do
+    [extra_applications: [:logger, :crypto]]
+  end
+
+  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  defp elixirc_paths(_), do: ["lib"]
+end

@@ -1,0 +1,139 @@
+defmodule XlaNode.PeerHelpers do
+  @moduledoc """
+  Code meant to run on peer nodes through `XlaNode.Harness.peer_call/5` (peers share the runner's
+  code path, so this module is loaded there on first use). Everything returns plain data: no
+  closures of test modules cross nodes.
+  """
+
+  @doc "`GenServer.call({:xla, node}, request)` from the peer, results wrapped so exits come back."
+  def call(target, request, timeout \\ 5_000) do
+    {:ok, GenServer.call(target, request, timeout)}
+  catch
+    :exit, reason -> {:exit, reason}
+  end
+
+  @doc "Connects to `node` and pings `:xla`."
+  def connect_and_ping(node) do
+    {Node.connect(node), call({:xla, node}, :ping)}
+  end
+
+  @doc """
+  Echoes a random binary of `size` bytes through `{:xla, node}` and checks it came back intact.
+  Returns `{:ok, ms}` or `{:mismatch, size_back}` / `{:exit, reason}`.
+  """
+  def echo_big(node, size, timeout \\ 120_000) do
+    bin = :crypto.strong_rand_bytes(size)
+    t0 = System.monotonic_time(:millisecond)
+
+    case call({:xla, node}, {:echo, bin}, timeout) do
+      {:ok, ^bin} -> {:ok, System.monotonic_time(:millisecond) - t0}
+      {:ok, other} when is_binary(other) -> {:mismatch, byte_size(other)}
+      {:ok, other} -> {:mismatch, other}
+      other -> other
+    end
+  end
+
+  @doc "Makes `n` concurrent `{:echo, {peer_node, i}}` calls; returns how many came back right."
+  def concurrent_echoes(node, n) do
+    1..n
+    |> Task.async_stream(
+      fn i -> call({:xla, node}, {:echo, {node(), i, self()}}) == {:ok, {node(), i, self()}} end,
+      max_concurrency: 50,
+      timeout: 30_000
+    )
+    |> Enum.count(&(&1 == {:ok, true}))
+  end
+
+  @doc """
+  Spawns a process on the peer that monitors `target` (a pid or `{name, node}`) and stays alive.
+  Returns its pid; the monitor lives as long as the peer does.
+  """
+  def spawn_monitor_holder(target) do
+    parent = self()
+
+    pid =
+      spawn(fn ->
+        ref = Process.monitor(target)
+        send(parent, {:monitoring, self()})
+
+        receive do
+          {:DOWN, ^ref, _, _, _} -> Process.sleep(:infinity)
+        end
+      end)
+
+    receive do
+      {:monitoring, ^pid} -> pid
+    after
+      5_000 -> raise "monitor holder did not start"
+    end
+  end
+
+  @doc "Spawns a process on the peer that links to `target` and stays alive; returns its pid."
+  def spawn_link_holder(target) do
+    parent = self()
+
+    pid =
+      spawn(fn ->
+        Process.link(target)
+        send(parent, {:linked, self()})
+        Process.sleep(:infinity)
+      end)
+
+    receive do
+      {:linked, ^pid} -> pid
+    after
+      5_000 -> raise "link holder did not start"
+    end
+  end
+
+  @doc """
+  Spawns a process on the peer that links to `target`, then exits with `reason`. Returns once
+  that process is dead.
+  """
+  def link_and_exit(target, reason) do
+    parent = self()
+
+    {pid, ref} =
+      spawn_monitor(fn ->
+        Process.link(target)
+        # Signals from one process to another arrive in order: LINK before the exit signal.
+        send(parent, {:linked, self()})
+        receive do: (:go -> exit(reason))
+      end)
+
+    receive do
+      {:linked, ^pid} -> :ok
+    after
+      5_000 -> raise "did not link"
+    end
+
+    send(pid, :go)
+
+    receive do
+      {:DOWN, ^ref, :process, ^pid, why} -> {:ok, why}
+    after
+      5_000 -> :timeout
+    end
+  end
+
+  @doc """
+  Spawns a process on the peer that subscribes to `:net_kernel.monitor_nodes(true, node_type:
+  :all)` and forwards every event to `dest` as `{:peer_saw, event}` (after sending
+  `:forwarder_ready`). Returns its pid.
+  """
+  def spawn_node_forwarder(dest) do
+    spawn(fn ->
+      :ok = :net_kernel.monitor_nodes(true, node_type: :all)
+      send(dest, :forwarder_ready)
+      forward_loop(dest)
+    end)
+  end
+
+  defp forward_loop(dest) do
+    receive do
+      msg -> send(dest, {:peer_saw, msg})
+    end
+
+    forward_loop(dest)
+  end
+end

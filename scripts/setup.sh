@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what xla_node needs on a fresh Debian machine, quietly and idempotently:
+#   - Erlang/OTP (erlang-nox, which brings epmd) and Elixir, from apt;
+#   - the PJRT CPU plugin (PyPI wheel xla-cpu-pjrt) into the fixed place the node looks in;
+#   - a release build of xla_node.
+# Safe to run again: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+packages=()
+command -v erl >/dev/null 2>&1 || packages+=(erlang-nox)
+command -v elixir >/dev/null 2>&1 || packages+=(elixir)
+if ((${#packages[@]})); then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+    log "installing ${packages[*]} from apt"
+    $sudo apt-get update -qq </dev/null >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" </dev/null >/dev/null
+fi
+
+plugin_dir="${XDG_DATA_HOME:-$HOME/.local/share}/xla_node/pjrt"
+if [ ! -f "$plugin_dir/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so" ]; then
+    log "installing the PJRT CPU plugin (xla-cpu-pjrt) into $plugin_dir"
+    python3 -m pip install -q --disable-pip-version-check --no-input --target "$plugin_dir" xla-cpu-pjrt </dev/null
+fi
+
+command -v cargo >/dev/null 2>&1 || { log "cargo not found: install Rust (https://rustup.rs) first"; exit 1; }
+log "building xla_node (release)"
+cargo build --release --quiet

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sets everything up (scripts/setup.sh) and runs every test: formatting and lints, the Rust unit
+# and executor tests (real PJRT plugin), and the multi-node integration suite (real epmd, real
+# BEAM nodes, the release binary).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+if cargo fmt --version >/dev/null 2>&1; then
+    cargo fmt --all --check
+fi
+if cargo clippy --version >/dev/null 2>&1; then
+    cargo clippy --release --quiet --all-targets -- -D warnings
+fi
+
+cargo test --release
+
+epmd -daemon
+cd integration
+export MIX_ENV=test XLA_NODE_BIN="$PWD/../target/release/xla_node"
+elixir --sname "xla_itest_$$" --cookie xla_test -S mix test </dev/null

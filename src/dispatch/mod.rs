@@ -1,0 +1,249 @@
+//! Host callbacks: XLA custom calls that send genuine Erlang messages to processes on any node
+//! and wait for their replies.
+//!
+//! EXLA lowers `Nx.runtime_call`/`Nx.io_call` to `stablehlo.custom_call @exla_runtime_callback`
+//! and sketches two stream calls (`@exla_beam_outfeed`, `@exla_beam_infeed`). [`Dispatcher::install`]
+//! registers host handlers for the three targets; the handlers turn each call into a message to a
+//! process of the cluster and (except for outfeed) block the XLA thread until the reply arrives.
+//!
+//! A run's target is named per run: the server calls [`Dispatcher::open_run`] with the run's
+//! `callback_server` option and passes [`RunCallbacks::handle_bytes`] as the program's parameter 0
+//! (EXLA's `u8[8]`), so modules compiled by EXLA run unchanged. Modules may instead carry
+//! `term_to_binary(target)` themselves (see [`target`]).
+//!
+//! Nothing waits forever: each wait monitors its target, is bounded by the run's timeout, and is
+//! abandoned when the process that asked for the run dies (see [`wait`] and [`run`]).
+//!
+//! Files: `target` (operand 0: run handles and term-encoded targets), `run` (per-run state and the
+//! requester watch), `wait` (send + wait with monitors and timeouts), `handlers` (the three FFI
+//! targets and reply checking), `streams` (outfeed sending), `inspect` (Elixir-style error texts).
+
+mod handlers;
+pub mod inspect;
+mod run;
+mod streams;
+pub mod target;
+mod wait;
+
+use crate::node::{Dest, Node};
+use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
+use eetf::{Atom, Pid};
+use run::RunState;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use target::{Operand0, Resolved};
+
+/// FFI target of `Nx.runtime_call` / `Nx.io_call`.
+pub const RUNTIME_CALLBACK: &str = "exla_runtime_callback";
+/// FFI target that streams values out of a running program.
+pub const BEAM_OUTFEED: &str = "exla_beam_outfeed";
+/// FFI target that asks a stream process for the next value.
+pub const BEAM_INFEED: &str = "exla_beam_infeed";
+
+/// Run handles are numbered process-wide, so no two dispatchers (or runs) ever share one.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+/// Counters of the dispatcher, for the server's stats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Requests sent that wait for a reply (runtime calls, io_calls, infeeds).
+    pub callbacks: u64,
+    /// Replies received (whatever their content).
+    pub replies: u64,
+    /// Waits that failed other than by timeout (target down, run abandoned, node shutting down).
+    pub errors: u64,
+    /// Waits that timed out.
+    pub timeouts: u64,
+    /// Callbacks waiting right now.
+    pub pending: u64,
+    /// Outfeed messages sent.
+    pub outfeeds: u64,
+    /// Runs with an open callback context.
+    pub open_runs: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub sent: AtomicU64,
+    pub replies: AtomicU64,
+    pub errors: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub pending: AtomicI64,
+    pub outfeeds: AtomicU64,
+}
+
+/// Serves the callback custom calls of every run on one client.
+pub struct Dispatcher {
+    node: Node,
+    default_timeout: Duration,
+    runs: Mutex<HashMap<u64, Arc<RunState>>>,
+    waiters: wait::Waiters,
+    streams: streams::Streams,
+    counters: Counters,
+}
+
+impl Dispatcher {
+    /// Registers the FFI targets `exla_runtime_callback`, `exla_beam_outfeed`, `exla_beam_infeed`
+    /// on the client (platform Host), verifying each with a test compile.
+    ///
+    /// The registration is process-wide (XLA's FFI registry is): installing a second dispatcher
+    /// routes every later callback to the new one.
+    pub fn install(
+        node: Node,
+        client: &Client,
+        default_timeout: Duration,
+    ) -> Result<Arc<Dispatcher>, XlaError> {
+        let dispatcher = Arc::new(Dispatcher {
+            waiters: wait::Waiters::new(node.clone()),
+            streams: streams::Streams::new(node.clone()),
+            node,
+            default_timeout,
+            runs: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        });
+        type Handler = fn(&Dispatcher, &mut CallFrame<'_>) -> Result<(), String>;
+        let targets: [(&str, Handler); 3] = [
+            (RUNTIME_CALLBACK, handlers::runtime_callback),
+            (BEAM_OUTFEED, handlers::outfeed),
+            (BEAM_INFEED, handlers::infeed),
+        ];
+        for (target, handler) in targets {
+            // Weak: XLA's registry keeps handlers forever; it must not keep the node alive.
+            let weak: Weak<Dispatcher> = Arc::downgrade(&dispatcher);
+            let host: HostHandler = Arc::new(move |frame: &mut CallFrame<'_>| match weak.upgrade() {
+                Some(d) => handler(&d, frame),
+                None => Err(format!("{target}: the callback dispatcher was shut down")),
+            });
+            register_host_handler(client, target, host)?;
+        }
+        Ok(dispatcher)
+    }
+
+    /// Opens the callback context of one run: `target` = the run's `callback_server` option
+    /// (None if not given), `requester` = pid that asked for the run, `timeout` = bound on each
+    /// callback wait. A bare name as target means a process registered on the requester's node.
+    pub fn open_run(
+        self: &Arc<Self>,
+        target: Option<Dest>,
+        requester: Pid,
+        timeout: Duration,
+    ) -> RunCallbacks {
+        let target = target.map(|t| match t {
+            Dest::Name(name) => Dest::Remote {
+                name,
+                node: requester.node.name.clone(),
+            },
+            other => other,
+        });
+        let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(RunState::new(
+            self.node.clone(),
+            target,
+            requester,
+            timeout,
+        ));
+        self.runs_lock().insert(handle, state.clone());
+        RunCallbacks {
+            dispatcher: self.clone(),
+            handle,
+            state,
+        }
+    }
+
+    pub fn default_timeout(&self) -> Duration {
+        self.default_timeout
+    }
+
+    pub fn stats(&self) -> DispatchStats {
+        let c = &self.counters;
+        DispatchStats {
+            callbacks: c.sent.load(Ordering::Relaxed),
+            replies: c.replies.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            timeouts: c.timeouts.load(Ordering::Relaxed),
+            pending: c.pending.load(Ordering::Relaxed).max(0) as u64,
+            outfeeds: c.outfeeds.load(Ordering::Relaxed),
+            open_runs: self.runs_lock().len() as u64,
+        }
+    }
+
+    fn runs_lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<RunState>>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The target named by a callback's operand 0, with its run when it was a handle.
+    fn resolve(&self, arg0: Option<&crate::xla::TensorRef<'_>>) -> Result<Resolved, String> {
+        match target::read_operand0(arg0)? {
+            Operand0::Handle(n) => {
+                let run = self.runs_lock().get(&n).cloned().ok_or_else(|| {
+                    format!(
+                        "{} (the program's callback operand holds run handle {n}, which belongs \
+                         to no open run: the run is over or the handle came from elsewhere)",
+                        target::NO_SERVER
+                    )
+                })?;
+                let dest = run.target.clone().ok_or_else(|| {
+                    format!(
+                        "{} (the program makes host callbacks, but the run has no target)",
+                        target::NO_SERVER
+                    )
+                })?;
+                Ok(Resolved {
+                    dest,
+                    run: Some(run),
+                })
+            }
+            Operand0::Term(dest) => Ok(Resolved { dest, run: None }),
+        }
+    }
+}
+
+/// The callback context of one run. Dropping it removes the run's handle from the table and
+/// abandons whatever callback of the run still waits.
+pub struct RunCallbacks {
+    dispatcher: Arc<Dispatcher>,
+    handle: u64,
+    state: Arc<RunState>,
+}
+
+impl RunCallbacks {
+    /// The 8 bytes the server passes as parameter 0 (EXLA's u8[8]) of this run.
+    pub fn handle_bytes(&self) -> [u8; 8] {
+        target::handle_bytes(self.handle)
+    }
+
+    /// The resolved target (a bare name already qualified with the requester's node).
+    pub fn target(&self) -> Option<&Dest> {
+        self.state.target.as_ref()
+    }
+
+    pub fn requester(&self) -> &Pid {
+        &self.state.requester
+    }
+}
+
+impl Drop for RunCallbacks {
+    fn drop(&mut self) {
+        self.dispatcher.runs_lock().remove(&self.handle);
+        self.state.close();
+    }
+}
+
+impl std::fmt::Debug for RunCallbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunCallbacks")
+            .field("handle", &self.handle)
+            .field("target", &self.state.target)
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Dispatcher>();
+    is::<RunCallbacks>();
+    let _ = Atom::from("x");
+}

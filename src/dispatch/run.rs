@@ -1,0 +1,145 @@
+//! Per-run callback state: the run's target, who asked for the run, and the callbacks now waiting.
+//!
+//! XLA's FFI handlers carry no run identity, so a run is found through the 8-byte handle the
+//! server puts into the program's parameter 0 (see [`super::target`]). Besides the target, each
+//! run watches its *requester*: when the process that asked for the run dies, nobody wants the
+//! result any more, so every callback waiting in that run is woken and fails ("abandoned"), and
+//! any later callback of the run fails at once.
+//!
+//! The watch is set up lazily, by the first callback of the run: most runs make no callbacks and
+//! then cost no monitor traffic at all. It is one node process that monitors the requester, owned
+//! by a task on the node's runtime (so a `Down` is noticed while every callback of the run is
+//! blocked on an XLA thread). The task wakes waiters by sending them an abandon message carrying
+//! the callback's reference, which is why waiters register here while they wait.
+
+use super::inspect;
+use crate::node::term::{atom, tuple};
+use crate::node::{Node, Signal};
+use eetf::{Pid, Reference, Term};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use crate::node::Dest;
+
+/// First element of the message that wakes an abandoned waiter: `{ABANDON, callback_ref}`.
+pub(crate) const ABANDON: &str = "$xla_node_callback_abandoned";
+
+type RefKey = (String, Vec<u32>, u32);
+
+/// One run's callback context (shared by the table, the [`super::RunCallbacks`] and the waiters).
+pub(crate) struct RunState {
+    pub(crate) target: Option<Dest>,
+    pub(crate) requester: Pid,
+    pub(crate) timeout: Duration,
+    node: Node,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Why the run's callbacks are abandoned, once they are.
+    closed: Option<String>,
+    /// Callbacks waiting now: callback reference -> waiting process.
+    pending: HashMap<RefKey, (Reference, Pid)>,
+    /// The requester watch, once a callback started it.
+    watch: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RunState {
+    pub(crate) fn new(node: Node, target: Option<Dest>, requester: Pid, timeout: Duration) -> Self {
+        RunState {
+            target,
+            requester,
+            timeout,
+            node,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why this run's callbacks fail at once, if they do.
+    pub(crate) fn closed(&self) -> Option<String> {
+        self.lock().closed.clone()
+    }
+
+    /// Starts monitoring the requester (once per run).
+    pub(crate) fn ensure_watch(self: &Arc<Self>) {
+        let mut inner = self.lock();
+        if inner.watch.is_some() || inner.closed.is_some() {
+            return;
+        }
+        let mut process = self.node.spawn_process();
+        let mref = process.monitor(self.requester.clone());
+        let weak: Weak<RunState> = Arc::downgrade(self);
+        let requester = self.requester.clone();
+        inner.watch = Some(self.node.runtime().spawn(async move {
+            while let Some(signal) = process.recv().await {
+                if let Signal::Down {
+                    reference, reason, ..
+                } = signal
+                {
+                    if reference == mref {
+                        if let Some(run) = weak.upgrade() {
+                            run.abandon(format!(
+                                "the process that asked for the run, {} on node {}, exited: {}",
+                                inspect::pid(&requester),
+                                requester.node.name,
+                                inspect::reason(&reason)
+                            ));
+                        }
+                        return;
+                    }
+                }
+            }
+            // `process` is dropped here (or when the task is aborted), cancelling the monitor.
+        }));
+    }
+
+    /// Registers a waiting callback; fails with the reason if the run's callbacks are abandoned.
+    pub(crate) fn register(&self, cref: &Reference, waiter: &Pid) -> Result<(), String> {
+        let mut inner = self.lock();
+        if let Some(reason) = &inner.closed {
+            return Err(reason.clone());
+        }
+        inner
+            .pending
+            .insert(key(cref), (cref.clone(), waiter.clone()));
+        Ok(())
+    }
+
+    pub(crate) fn unregister(&self, cref: &Reference) {
+        self.lock().pending.remove(&key(cref));
+    }
+
+    /// Abandons the run's callbacks: wakes every waiter and fails later callbacks with `reason`.
+    pub(crate) fn abandon(&self, reason: String) {
+        let pending: Vec<(Reference, Pid)> = {
+            let mut inner = self.lock();
+            if inner.closed.is_some() {
+                return;
+            }
+            inner.closed = Some(reason);
+            inner.pending.drain().map(|(_, v)| v).collect()
+        };
+        for (cref, waiter) in pending {
+            let wake = tuple(vec![atom(ABANDON), Term::from(cref)]);
+            self.node.send(&waiter, Dest::Pid(waiter.clone()), wake);
+        }
+    }
+
+    /// The run is over: abandon what still waits and stop watching the requester.
+    pub(crate) fn close(&self) {
+        self.abandon("the run is over (its callback context was closed)".to_string());
+        if let Some(task) = self.lock().watch.take() {
+            task.abort();
+        }
+    }
+}
+
+fn key(r: &Reference) -> RefKey {
+    crate::node::term::ref_key(r)
+}

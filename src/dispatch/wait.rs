@@ -1,0 +1,201 @@
+//! Sending a request to a callback target and waiting for its reply, without ever hanging.
+//!
+//! The waiting side is a process of this node (a *waiter*), so the reply is a plain Erlang
+//! `send(pid, {ref, reply})` that the node's network tasks put into the waiter's mailbox: no XLA
+//! thread is needed to receive it. The XLA thread running the custom call blocks on that mailbox
+//! with [`Process::recv_blocking_timeout`], never on a tokio worker.
+//!
+//! Each wait:
+//! 1. monitors the target (a `Down` — exit, `noproc`, `noconnection` — fails the call at once,
+//!    naming the process, its node and the reason);
+//! 2. uses a fresh reference per callback: a reply that arrives after its callback gave up
+//!    carries an old reference and is discarded by whichever later wait finds it;
+//! 3. is bounded by the run's timeout;
+//! 4. registers with its run, whose requester watch wakes it when the requester dies.
+//!
+//! Waiters are pooled (creating a process costs a table insert, but a pool also keeps pids
+//! stable for the node's process table). Stale messages left in a pooled waiter's mailbox are
+//! skipped by the next wait.
+
+use super::inspect;
+use super::run::{RunState, ABANDON};
+use super::Counters;
+use crate::node::term::{as_atom, tuple};
+use crate::node::{Dest, Node, Process, Signal};
+use eetf::{Reference, Term};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Idle waiters kept for reuse.
+const POOL_MAX: usize = 64;
+
+/// Why a wait failed; the text is what the run fails with.
+#[derive(Debug)]
+pub(crate) enum WaitError {
+    TimedOut(String),
+    Failed(String),
+}
+
+impl WaitError {
+    pub(crate) fn into_message(self) -> String {
+        match self {
+            WaitError::TimedOut(m) | WaitError::Failed(m) => m,
+        }
+    }
+}
+
+/// The pool of waiting processes.
+pub(crate) struct Waiters {
+    node: Node,
+    idle: Mutex<Vec<Process>>,
+}
+
+impl Waiters {
+    pub(crate) fn new(node: Node) -> Self {
+        Waiters {
+            node,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn take(&self) -> Process {
+        let popped = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        popped.unwrap_or_else(|| self.node.spawn_process())
+    }
+
+    fn put(&self, p: Process) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX {
+            idle.push(p);
+        }
+    }
+
+    /// Sends `build(reply_tag)` to `dest` (reply_tag = `{waiter_pid, ref}`) and waits for
+    /// `{ref, reply}`; returns `reply`. `what` names the call in error texts
+    /// ("callback :add_one").
+    pub(crate) fn call(
+        &self,
+        dest: &Dest,
+        run: Option<&Arc<RunState>>,
+        timeout: Duration,
+        what: &str,
+        counters: &Counters,
+        build: impl FnOnce(Term) -> Term,
+    ) -> Result<Term, WaitError> {
+        if let Some(run) = run {
+            if let Some(reason) = run.closed() {
+                return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
+            }
+            run.ensure_watch();
+        }
+        let mut waiter = self.take();
+        let cref = self.node.make_ref();
+        if let Some(run) = run {
+            if let Err(reason) = run.register(&cref, waiter.pid()) {
+                self.put(waiter);
+                return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
+            }
+        }
+        counters.pending.fetch_add(1, Ordering::Relaxed);
+        let mref = waiter.monitor(dest.clone());
+        let tag = tuple(vec![Term::from(waiter.pid().clone()), Term::from(cref.clone())]);
+        waiter.send(dest.clone(), build(tag));
+        counters.sent.fetch_add(1, Ordering::Relaxed);
+
+        let result = self.wait(&mut waiter, dest, &cref, &mref, run, timeout, what);
+
+        waiter.demonitor(&mref);
+        if let Some(run) = run {
+            run.unregister(&cref);
+        }
+        counters.pending.fetch_sub(1, Ordering::Relaxed);
+        match &result {
+            Ok(_) => counters.replies.fetch_add(1, Ordering::Relaxed),
+            Err(WaitError::TimedOut(_)) => counters.timeouts.fetch_add(1, Ordering::Relaxed),
+            Err(WaitError::Failed(_)) => counters.errors.fetch_add(1, Ordering::Relaxed),
+        };
+        self.put(waiter);
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn wait(
+        &self,
+        waiter: &mut Process,
+        dest: &Dest,
+        cref: &Reference,
+        mref: &Reference,
+        run: Option<&Arc<RunState>>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Term, WaitError> {
+        let local = self.node.name();
+        let started = Instant::now();
+        let deadline = started + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(signal) = (if left.is_zero() {
+                None
+            } else {
+                waiter.recv_blocking_timeout(left)
+            }) else {
+                if Instant::now() < deadline {
+                    return Err(WaitError::Failed(format!(
+                        "{what} failed: the node is shutting down"
+                    )));
+                }
+                return Err(WaitError::TimedOut(format!(
+                    "callback timed out after {} ms waiting for {} to answer {what}",
+                    timeout.as_millis(),
+                    inspect::dest(dest, local)
+                )));
+            };
+            match signal {
+                Signal::Message(Term::Tuple(t)) if t.elements.len() == 2 => {
+                    let mut e = t.elements;
+                    match &e[0] {
+                        Term::Reference(r) if r == cref => return Ok(e.swap_remove(1)),
+                        Term::Atom(a) if a.name == ABANDON => {
+                            if matches!(&e[1], Term::Reference(r) if r == cref) {
+                                let reason = run
+                                    .and_then(|r| r.closed())
+                                    .unwrap_or_else(|| "the run was abandoned".to_string());
+                                return Err(WaitError::Failed(format!(
+                                    "{what} abandoned: {reason}"
+                                )));
+                            }
+                        }
+                        _ => {} // a stale reply or something else: not ours
+                    }
+                }
+                Signal::Down {
+                    reference, reason, ..
+                } if &reference == mref => {
+                    return Err(WaitError::Failed(down_text(dest, local, &reason, what)));
+                }
+                _ => {} // stale monitors, stray messages, exit signals (waiters are not linked)
+            }
+        }
+    }
+}
+
+/// The error text for a target that went down while (or before) we waited.
+fn down_text(dest: &Dest, local: &str, reason: &Term, what: &str) -> String {
+    let who = inspect::dest(dest, local);
+    let node = dest.node(local);
+    let body = match as_atom(reason) {
+        Some("noproc") => match dest {
+            Dest::Pid(_) => format!("callback process {who} is not alive (noproc)"),
+            _ => format!("callback process {who} is not registered (noproc)"),
+        },
+        Some("noconnection") => format!(
+            "callback process {who} is unreachable: node {node} is down or disconnected (noconnection)"
+        ),
+        _ => format!(
+            "callback process {who} exited: {}",
+            inspect::reason(reason)
+        ),
+    };
+    format!("{body} (while waiting for the reply to {what})")
+}

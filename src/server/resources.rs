@@ -1,0 +1,121 @@
+//! Executables and device buffers handed out to the cluster, keyed by the opaque reference the
+//! caller holds, and owned by the process that created them.
+//!
+//! The `:xla` server monitors every owner once; when an owner dies, or its node disconnects,
+//! the monitor fires and everything it owned is released here. A resource in use by a running
+//! program stays alive until that run finishes (they are reference-counted), so freeing can never
+//! pull a buffer out from under XLA.
+
+use crate::node::term::ref_key;
+use crate::xla::{Buffer, Executable};
+use eetf::{Pid, Reference};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+type Key = (String, Vec<u32>, u32);
+
+#[derive(Clone)]
+pub enum Resource {
+    Executable(Arc<Executable>),
+    Buffer(Arc<Buffer>),
+}
+
+#[derive(Default)]
+struct Tables {
+    resources: HashMap<Key, (Resource, Pid)>,
+    /// Per owner: its monitor and what it owns.
+    owners: HashMap<Pid, (Reference, HashSet<Key>)>,
+    /// Monitor reference -> owner.
+    monitors: HashMap<Key, Pid>,
+}
+
+#[derive(Default)]
+pub struct Resources {
+    tables: Mutex<Tables>,
+}
+
+/// What [`Resources::insert`] needs the caller to do: monitor a new owner.
+pub enum Owner {
+    Known,
+    New,
+}
+
+impl Resources {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores `resource` under `reference` for `owner`. Returns [`Owner::New`] when the owner has
+    /// no monitor yet: the caller must then monitor it and call [`Resources::set_monitor`].
+    pub fn insert(&self, reference: &Reference, resource: Resource, owner: &Pid) -> Owner {
+        let mut t = self.lock();
+        let key = ref_key(reference);
+        t.resources.insert(key.clone(), (resource, owner.clone()));
+        match t.owners.get_mut(owner) {
+            Some((_, owned)) => {
+                owned.insert(key);
+                Owner::Known
+            }
+            None => {
+                let placeholder = reference.clone();
+                t.owners
+                    .insert(owner.clone(), (placeholder, HashSet::from([key])));
+                Owner::New
+            }
+        }
+    }
+
+    pub fn set_monitor(&self, owner: &Pid, monitor: Reference) {
+        let mut t = self.lock();
+        t.monitors.insert(ref_key(&monitor), owner.clone());
+        if let Some(entry) = t.owners.get_mut(owner) {
+            entry.0 = monitor;
+        }
+    }
+
+    pub fn get(&self, reference: &Reference) -> Option<Resource> {
+        self.lock()
+            .resources
+            .get(&ref_key(reference))
+            .map(|(r, _)| r.clone())
+    }
+
+    /// Frees one resource; false if the reference is unknown (or already freed).
+    pub fn free(&self, reference: &Reference) -> bool {
+        let mut t = self.lock();
+        let key = ref_key(reference);
+        let Some((_, owner)) = t.resources.remove(&key) else {
+            return false;
+        };
+        if let Some((_, owned)) = t.owners.get_mut(&owner) {
+            owned.remove(&key);
+        }
+        true
+    }
+
+    /// The owner behind `monitor` died: frees all it owned. Returns how many resources went.
+    pub fn owner_down(&self, monitor: &Reference) -> usize {
+        let mut t = self.lock();
+        let Some(owner) = t.monitors.remove(&ref_key(monitor)) else {
+            return 0;
+        };
+        let Some((_, owned)) = t.owners.remove(&owner) else {
+            return 0;
+        };
+        for key in &owned {
+            t.resources.remove(key);
+        }
+        owned.len()
+    }
+
+    /// (executables, buffers) currently held.
+    pub fn counts(&self) -> (usize, usize) {
+        let t = self.lock();
+        let executables = t
+            .resources
+            .values()
+            .filter(|(r, _)| matches!(r, Resource::Executable(_)))
+            .count();
+        (executables, t.resources.len() - executables)
+    }
+}

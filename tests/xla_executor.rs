@@ -1,0 +1,850 @@
+//! Integration tests of the XLA layer against the real PJRT CPU plugin (no
+//! mocks). The plugin is taken from `XLA_NODE_PJRT_PLUGIN`, else the default
+//! install location.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use xla_node::xla::{
+    plugin_path_from_env, register_host_handler, Attr, Client, DType, Executor, HostTensor,
+    ParameterSource, TensorSpec, XlaError,
+};
+
+fn client() -> Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| Client::from_plugin(plugin_path_from_env()).expect("load PJRT CPU plugin"))
+        .clone()
+}
+
+fn executor() -> Executor {
+    static EXEC: OnceLock<Executor> = OnceLock::new();
+    EXEC.get_or_init(|| Executor::new(client())).clone()
+}
+
+trait Le {
+    fn le(&self) -> Vec<u8>;
+}
+macro_rules! impl_le {
+    ($($t:ty),*) => {$(impl Le for $t { fn le(&self) -> Vec<u8> { self.to_le_bytes().to_vec() } })*};
+}
+impl_le!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64);
+
+fn le<T: Le>(v: &[T]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.le()).collect()
+}
+
+fn t(dtype: DType, dims: &[i64], data: Vec<u8>) -> HostTensor {
+    HostTensor::new(dtype, dims.to_vec(), data)
+}
+
+fn run(program: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
+    let exe = client().compile(program.as_bytes())?;
+    exe.execute_host(inputs)
+}
+
+/// `op(a, b)` on two `tensor<N x ty>` values.
+fn binary(op: &str, mlir_ty: &str, dtype: DType, n: i64, a: Vec<u8>, b: Vec<u8>) -> Vec<u8> {
+    let ty = format!("tensor<{n}x{mlir_ty}>");
+    let program = format!(
+        "func.func @main(%a: {ty}, %b: {ty}) -> {ty} {{\n  %0 = stablehlo.{op} %a, %b : {ty}\n  return %0 : {ty}\n}}\n"
+    );
+    let out = run(&program, &[t(dtype, &[n], a), t(dtype, &[n], b)]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].dtype, dtype);
+    assert_eq!(out[0].dims, vec![n]);
+    out[0].data.clone()
+}
+
+#[test]
+fn client_info() {
+    let c = client();
+    assert_eq!(c.platform_name(), "cpu");
+    assert!(!c.devices().is_empty());
+    assert!(c.devices().iter().any(|d| d.addressable));
+    assert_eq!(c.api().version().0, 0);
+    assert!(c
+        .plugin_attributes()
+        .iter()
+        .any(|(k, _)| k == "xla_version"));
+}
+
+#[test]
+fn dtype_signed_integers() {
+    assert_eq!(
+        binary(
+            "add",
+            "i8",
+            DType::S8,
+            3,
+            le(&[1i8, -2, 127]),
+            le(&[1i8, 3, 1])
+        ),
+        le(&[2i8, 1, -128])
+    );
+    assert_eq!(
+        binary(
+            "multiply",
+            "i8",
+            DType::S8,
+            3,
+            le(&[3i8, -4, 64]),
+            le(&[5i8, 6, 2])
+        ),
+        le(&[15i8, -24, -128])
+    );
+    assert_eq!(
+        binary(
+            "add",
+            "i16",
+            DType::S16,
+            3,
+            le(&[1000i16, -2000, 32767]),
+            le(&[1i16, 2, 1])
+        ),
+        le(&[1001i16, -1998, -32768])
+    );
+    assert_eq!(
+        binary(
+            "multiply",
+            "i32",
+            DType::S32,
+            3,
+            le(&[100000i32, -3, 7]),
+            le(&[3i32, 5, -2])
+        ),
+        le(&[300000i32, -15, -14])
+    );
+    assert_eq!(
+        binary(
+            "add",
+            "i64",
+            DType::S64,
+            3,
+            le(&[1i64 << 40, -5, i64::MAX]),
+            le(&[1i64, 5, 1])
+        ),
+        le(&[(1i64 << 40) + 1, 0, i64::MIN])
+    );
+}
+
+#[test]
+fn dtype_unsigned_integers() {
+    assert_eq!(
+        binary(
+            "add",
+            "ui8",
+            DType::U8,
+            3,
+            le(&[250u8, 1, 2]),
+            le(&[10u8, 2, 3])
+        ),
+        le(&[4u8, 3, 5])
+    );
+    assert_eq!(
+        binary(
+            "multiply",
+            "ui16",
+            DType::U16,
+            3,
+            le(&[300u16, 2, 65535]),
+            le(&[300u16, 3, 2])
+        ),
+        le(&[(90000u32 % 65536) as u16, 6, 65534])
+    );
+    assert_eq!(
+        binary(
+            "add",
+            "ui32",
+            DType::U32,
+            3,
+            le(&[u32::MAX, 1, 2]),
+            le(&[1u32, 1, 2])
+        ),
+        le(&[0u32, 2, 4])
+    );
+    assert_eq!(
+        binary(
+            "multiply",
+            "ui64",
+            DType::U64,
+            3,
+            le(&[1u64 << 33, 3, 5]),
+            le(&[1u64 << 31, 4, 5])
+        ),
+        le(&[0u64, 12, 25])
+    );
+}
+
+fn bf16(x: f32) -> u16 {
+    // Exact for the values used (no rounding needed).
+    (x.to_bits() >> 16) as u16
+}
+
+#[test]
+fn dtype_floats() {
+    // f16 bit patterns: 1.0=3C00 2.0=4000 0.5=3800 3.0=4200 2.5=4100 1.5=3E00.
+    assert_eq!(
+        binary(
+            "add",
+            "f16",
+            DType::F16,
+            3,
+            le(&[0x3C00u16, 0x4000, 0x3800]),
+            le(&[0x4000u16, 0x3800, 0x3C00])
+        ),
+        le(&[0x4200u16, 0x4100, 0x3E00])
+    );
+    let a: Vec<u16> = [1.0f32, 2.0, 0.5].iter().map(|&x| bf16(x)).collect();
+    let b: Vec<u16> = [2.0f32, 0.5, -4.0].iter().map(|&x| bf16(x)).collect();
+    let want: Vec<u16> = [3.0f32, 2.5, -3.5].iter().map(|&x| bf16(x)).collect();
+    assert_eq!(
+        binary("add", "bf16", DType::BF16, 3, le(&a), le(&b)),
+        le(&want)
+    );
+    assert_eq!(
+        binary(
+            "multiply",
+            "f32",
+            DType::F32,
+            3,
+            le(&[1.5f32, -2.0, 0.25]),
+            le(&[2.0f32, 3.0, 4.0])
+        ),
+        le(&[3.0f32, -6.0, 1.0])
+    );
+    assert_eq!(
+        binary(
+            "add",
+            "f64",
+            DType::F64,
+            3,
+            le(&[0.1f64, 1e300, -1.0]),
+            le(&[0.2f64, 1e300, 1.0])
+        ),
+        le(&[0.1f64 + 0.2, 2e300, 0.0])
+    );
+}
+
+#[test]
+fn dtype_complex() {
+    // (1+2i)(0.5+0.5i) = -0.5+1.5i ; (3-i)(2+i) = 7+i
+    assert_eq!(
+        binary(
+            "multiply",
+            "complex<f32>",
+            DType::C64,
+            2,
+            le(&[1.0f32, 2.0, 3.0, -1.0]),
+            le(&[0.5f32, 0.5, 2.0, 1.0])
+        ),
+        le(&[-0.5f32, 1.5, 7.0, 1.0])
+    );
+    assert_eq!(
+        binary(
+            "add",
+            "complex<f64>",
+            DType::C128,
+            2,
+            le(&[1.0f64, 2.0, 3.0, 4.0]),
+            le(&[0.5f64, -2.0, 1.0, 1.0])
+        ),
+        le(&[1.5f64, 0.0, 4.0, 5.0])
+    );
+}
+
+#[test]
+fn dtype_pred() {
+    assert_eq!(
+        binary(
+            "and",
+            "i1",
+            DType::Pred,
+            4,
+            vec![1, 0, 1, 0],
+            vec![1, 1, 0, 0]
+        ),
+        vec![1, 0, 0, 0]
+    );
+    assert_eq!(
+        binary(
+            "or",
+            "i1",
+            DType::Pred,
+            4,
+            vec![1, 0, 1, 0],
+            vec![1, 1, 0, 0]
+        ),
+        vec![1, 1, 1, 0]
+    );
+    let program = "func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xi1> {
+  %0 = stablehlo.compare GT, %a, %b : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xi1>
+  return %0 : tensor<3xi1>
+}";
+    let out = run(
+        program,
+        &[
+            t(DType::F32, &[3], le(&[1.0f32, 2.0, 3.0])),
+            t(DType::F32, &[3], le(&[2.0f32, 2.0, 1.0])),
+        ],
+    )
+    .unwrap();
+    assert_eq!(out[0].dtype, DType::Pred);
+    assert_eq!(out[0].data, vec![0, 0, 1]);
+}
+
+#[test]
+fn convert_between_types() {
+    let program = "func.func @main(%a: tensor<3xf32>, %b: tensor<2xi32>) -> (tensor<3xi32>, tensor<2xf64>, tensor<2xbf16>) {
+  %0 = stablehlo.convert %a : (tensor<3xf32>) -> tensor<3xi32>
+  %1 = stablehlo.convert %b : (tensor<2xi32>) -> tensor<2xf64>
+  %2 = stablehlo.convert %b : (tensor<2xi32>) -> tensor<2xbf16>
+  return %0, %1, %2 : tensor<3xi32>, tensor<2xf64>, tensor<2xbf16>
+}";
+    let out = run(
+        program,
+        &[
+            t(DType::F32, &[3], le(&[1.5f32, -2.5, 3.9])),
+            t(DType::S32, &[2], le(&[7i32, -3])),
+        ],
+    )
+    .unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0].data, le(&[1i32, -2, 3]));
+    assert_eq!(out[1].data, le(&[7.0f64, -3.0]));
+    assert_eq!(out[2].data, le(&[bf16(7.0), bf16(-3.0)]));
+}
+
+#[test]
+fn multi_output() {
+    let program = "func.func @main(%a: tensor<2x2xf32>, %b: tensor<2x2xf32>) -> (tensor<2x2xf32>, tensor<2x2xf32>, tensor<f32>) {
+  %0 = stablehlo.add %a, %b : tensor<2x2xf32>
+  %1 = stablehlo.multiply %a, %b : tensor<2x2xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %2 = stablehlo.reduce(%1 init: %z) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x2xf32>, tensor<f32>) -> tensor<f32>
+  return %0, %1, %2 : tensor<2x2xf32>, tensor<2x2xf32>, tensor<f32>
+}";
+    let exe = client().compile(program.as_bytes()).unwrap();
+    assert_eq!(
+        exe.outputs(),
+        &[
+            TensorSpec::new(DType::F32, vec![2, 2]),
+            TensorSpec::new(DType::F32, vec![2, 2]),
+            TensorSpec::new(DType::F32, vec![]),
+        ]
+    );
+    let a = t(DType::F32, &[2, 2], le(&[1.0f32, 2.0, 3.0, 4.0]));
+    let b = t(DType::F32, &[2, 2], le(&[5.0f32, 6.0, 7.0, 8.0]));
+    let out = exe.execute_host(&[a, b]).unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0].data, le(&[6.0f32, 8.0, 10.0, 12.0]));
+    assert_eq!(out[1].data, le(&[5.0f32, 12.0, 21.0, 32.0]));
+    assert_eq!(out[2].dims, Vec::<i64>::new());
+    assert_eq!(out[2].data, le(&[70.0f32]));
+}
+
+const MLP: &str = "module @mlp {
+  func.func public @main(%x: tensor<2x3xf32>, %w: tensor<3x4xf32> {mhlo.sharding = \"{replicated}\"}, %b: tensor<4xf32>) -> (tensor<2xf32> {jax.result_info = \"\"}) {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+    %1 = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+    %2 = stablehlo.add %0, %1 : tensor<2x4xf32>
+    %3 = stablehlo.tanh %2 : tensor<2x4xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %4 = stablehlo.reduce(%3 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<2x4xf32>, tensor<f32>) -> tensor<2xf32>
+    return %4 : tensor<2xf32>
+  }
+}";
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn mlp_matches_rust() {
+    let x: Vec<f32> = vec![0.5, -1.0, 2.0, 1.5, 0.25, -0.75];
+    let w: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
+    let b: Vec<f32> = vec![0.1, -0.2, 0.3, -0.4];
+    let mut want = [0f64; 2];
+    for i in 0..2 {
+        for j in 0..4 {
+            let mut s = b[j] as f64;
+            for k in 0..3 {
+                s += x[i * 3 + k] as f64 * w[k * 4 + j] as f64;
+            }
+            want[i] += s.tanh();
+        }
+    }
+    let exe = client().compile(MLP.as_bytes()).unwrap();
+    assert_eq!(exe.parameter_source(), ParameterSource::MlirText);
+    assert_eq!(
+        exe.parameters(),
+        &[
+            TensorSpec::new(DType::F32, vec![2, 3]),
+            TensorSpec::new(DType::F32, vec![3, 4]),
+            TensorSpec::new(DType::F32, vec![4]),
+        ]
+    );
+    // The optimized-HLO route agrees with the MLIR signature.
+    assert_eq!(exe.hlo_parameters().unwrap(), exe.parameters());
+    let out = exe
+        .execute_host(&[
+            t(DType::F32, &[2, 3], le(&x)),
+            t(DType::F32, &[3, 4], le(&w)),
+            t(DType::F32, &[4], le(&b)),
+        ])
+        .unwrap();
+    let got = f32s(&out[0].data);
+    assert_eq!(got.len(), 2);
+    for i in 0..2 {
+        assert!(
+            (got[i] as f64 - want[i]).abs() < 1e-5,
+            "{got:?} vs {want:?}"
+        );
+    }
+}
+
+#[test]
+fn parameters_from_optimized_hlo_when_text_is_generic() {
+    // Generic op form: no `@main(` signature to parse, so the parameter types
+    // come from the optimized HLO module.
+    let program = r#""builtin.module"() ({
+  "func.func"() <{function_type = (tensor<2xf32>, tensor<3xi64>) -> tensor<2xf32>, sym_name = "main"}> ({
+  ^bb0(%arg0: tensor<2xf32>, %arg1: tensor<3xi64>):
+    "func.return"(%arg0) : (tensor<2xf32>) -> ()
+  }) : () -> ()
+}) : () -> ()
+"#;
+    let exe = client().compile(program.as_bytes()).unwrap();
+    assert_eq!(exe.parameter_source(), ParameterSource::OptimizedHlo);
+    assert_eq!(
+        exe.parameters(),
+        &[
+            TensorSpec::new(DType::F32, vec![2]),
+            TensorSpec::new(DType::S64, vec![3])
+        ]
+    );
+    let out = exe
+        .execute_host(&[
+            t(DType::F32, &[2], le(&[1.0f32, 2.0])),
+            t(DType::S64, &[3], le(&[1i64, 2, 3])),
+        ])
+        .unwrap();
+    assert_eq!(out[0].data, le(&[1.0f32, 2.0]));
+}
+
+#[test]
+fn invalid_programs_are_compile_errors() {
+    let c = client();
+    for bad in [
+        &b""[..],
+        b"   ",
+        b"\xff\xfe\x00garbage",
+        b"this is not mlir",
+        b"func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> { %0 = stablehlo.bogus %a : tensor<3xf32> return %0 : tensor<3xf32> }",
+        b"func.func @main(%a: tensor<3xf32>) -> tensor<4xf32> { return %a : tensor<3xf32> }",
+        b"ML\xefR\x00\x01\x02garbage bytecode",
+    ] {
+        match c.compile(bad) {
+            Err(XlaError::Compile(msg)) => assert!(!msg.is_empty()),
+            other => panic!("expected compile error for {:?}, got {other:?}", String::from_utf8_lossy(bad)),
+        }
+    }
+    // The client still works afterwards.
+    assert_eq!(
+        binary("add", "i32", DType::S32, 1, le(&[1i32]), le(&[2i32])),
+        le(&[3i32])
+    );
+}
+
+#[test]
+fn argument_errors_name_the_index() {
+    let c = client();
+    let exe = c.compile(MLP.as_bytes()).unwrap();
+    let x = c.buffer_from_host(&[0u8; 24], DType::F32, &[2, 3]).unwrap();
+    let w = c.buffer_from_host(&[0u8; 48], DType::F32, &[3, 4]).unwrap();
+    let b = c.buffer_from_host(&[0u8; 16], DType::F32, &[4]).unwrap();
+    let w64 = c.buffer_from_host(&[0u8; 96], DType::S64, &[3, 4]).unwrap();
+    let w_t = c.buffer_from_host(&[0u8; 48], DType::F32, &[4, 3]).unwrap();
+
+    let err = exe.execute(&[&x, &w]).unwrap_err();
+    assert_eq!(
+        err,
+        XlaError::Argument("expected 3 arguments, got 2".into())
+    );
+    let err = exe.execute(&[&x, &w, &b, &b]).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.contains("expected 3 arguments, got 4")),
+        "{err}"
+    );
+
+    let err = exe.execute(&[&x, &w64, &b]).unwrap_err();
+    assert_eq!(
+        err,
+        XlaError::Argument(
+            "argument 1: expected f32[3,4] (48 bytes), got s64[3,4] (96 bytes)".into()
+        )
+    );
+    let err = exe.execute(&[&x, &w, &w_t]).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 2: expected f32[4]")),
+        "{err}"
+    );
+    let err = exe.execute(&[&x, &w_t, &b]).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.contains("argument 1") && m.contains("got f32[4,3]")),
+        "{err}"
+    );
+
+    // Byte size mismatches are caught before XLA sees them.
+    let err = c
+        .buffer_from_host(&[0u8; 20], DType::F32, &[2, 3])
+        .unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.contains("24 bytes")),
+        "{err}"
+    );
+    let err = exe
+        .execute_host(&[
+            t(DType::F32, &[2, 3], vec![0; 24]),
+            t(DType::F32, &[3, 4], vec![0; 47]),
+            t(DType::F32, &[4], vec![0; 16]),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 1:")),
+        "{err}"
+    );
+    let err = exe
+        .execute_host(&[
+            t(DType::F32, &[2, 3], vec![0; 24]),
+            t(DType::F32, &[3, 4], vec![0; 48]),
+            t(DType::F16, &[4], vec![0; 8]),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 2:") && m.contains("f16[4]")),
+        "{err}"
+    );
+
+    // Still runs with correct arguments.
+    let out = exe.execute(&[&x, &w, &b]).unwrap();
+    assert_eq!(out[0].to_host().unwrap(), vec![0u8; 8]);
+}
+
+#[test]
+fn buffers_round_trip_and_report_types() {
+    let c = client();
+    for d in DType::ALL {
+        let data: Vec<u8> = (0..(6 * d.byte_size()))
+            .map(|i| {
+                if d == DType::Pred {
+                    (i % 2) as u8
+                } else {
+                    i as u8
+                }
+            })
+            .collect();
+        let b = c.buffer_from_host(&data, d, &[2, 3]).unwrap();
+        assert_eq!(b.dtype(), d);
+        assert_eq!(b.dims(), &[2, 3]);
+        assert_eq!(b.byte_size(), data.len());
+        assert_eq!(b.to_host().unwrap(), data, "{d}");
+    }
+    let empty = c.buffer_from_host(&[], DType::F32, &[0, 3]).unwrap();
+    assert_eq!(empty.to_host().unwrap(), Vec::<u8>::new());
+}
+
+#[test]
+fn compile_cache_hits() {
+    let ex = Executor::new(client());
+    let program = "func.func @main(%a: tensor<5xi32>) -> tensor<5xi32> {
+  %0 = stablehlo.add %a, %a : tensor<5xi32>
+  return %0 : tensor<5xi32>
+}";
+    let (e1, hit1) = ex.compile(program.as_bytes().to_vec()).unwrap();
+    let (e2, hit2) = ex.compile(program.as_bytes().to_vec()).unwrap();
+    assert!(!hit1);
+    assert!(hit2);
+    assert!(Arc::ptr_eq(&e1, &e2));
+    let s = ex.stats();
+    assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
+    assert!(ex.compile(b"not mlir at all, main".to_vec()).is_err());
+    assert_eq!(ex.stats().compile_errors, 1);
+    let out = ex
+        .run_blocking(&e1, &[t(DType::S32, &[5], le(&[1i32, 2, 3, 4, 5]))])
+        .unwrap();
+    assert_eq!(out[0].data, le(&[2i32, 4, 6, 8, 10]));
+    assert_eq!(ex.stats().runs, 1);
+}
+
+const LONG_LOOP: &str = "func.func @main(%n: tensor<i64>, %x: tensor<16xf32>) -> tensor<16xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i64>
+  %c1 = stablehlo.constant dense<1> : tensor<i64>
+  %r:3 = stablehlo.while(%i = %c0, %lim = %n, %acc = %x) : tensor<i64>, tensor<i64>, tensor<16xf32>
+    cond {
+      %p = stablehlo.compare LT, %i, %lim : (tensor<i64>, tensor<i64>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %i2 = stablehlo.add %i, %c1 : tensor<i64>
+      %s = stablehlo.sine %acc : tensor<16xf32>
+      %a2 = stablehlo.add %s, %acc : tensor<16xf32>
+      stablehlo.return %i2, %lim, %a2 : tensor<i64>, tensor<i64>, tensor<16xf32>
+    }
+  return %r#2 : tensor<16xf32>
+}";
+
+#[test]
+fn long_run_does_not_block_tiny_runs() {
+    let ex = executor();
+    let (long, _) = ex.compile(LONG_LOOP.as_bytes().to_vec()).unwrap();
+    let (tiny, _) = ex
+        .compile(
+            b"func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.multiply %a, %a : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}"
+            .to_vec(),
+        )
+        .unwrap();
+    let x = t(DType::F32, &[16], vec![0u8; 64]);
+    // Calibrate the iteration count for a ~2 s run (fastest of three probes,
+    // since other tests may be loading the machine meanwhile).
+    let probe = 100_000i64;
+    let per_iter = (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            ex.run_blocking(&long, &[t(DType::S64, &[], le(&[probe])), x.clone()])
+                .unwrap();
+            t0.elapsed().as_secs_f64() / probe as f64
+        })
+        .fold(f64::INFINITY, f64::min);
+    let n = ((2.0 / per_iter) as i64).clamp(probe, 2_000_000_000);
+
+    let start = Instant::now();
+    let mut long_rx = ex.run(long.clone(), vec![t(DType::S64, &[], le(&[n])), x]);
+    std::thread::sleep(Duration::from_millis(100));
+    let rxs: Vec<_> = (0..100)
+        .map(|i| {
+            ex.run(
+                tiny.clone(),
+                vec![t(DType::F32, &[4], le(&[i as f32, 1.0, 2.0, 3.0]))],
+            )
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let out = rx.blocking_recv().unwrap().unwrap();
+        assert_eq!(out[0].data, le(&[(i * i) as f32, 1.0, 4.0, 9.0]));
+    }
+    let tiny_done = start.elapsed();
+    assert!(
+        matches!(
+            long_rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ),
+        "the long run finished before the tiny ones ({tiny_done:?})"
+    );
+    let out = long_rx.blocking_recv().unwrap().unwrap();
+    let long_done = start.elapsed();
+    assert_eq!(out[0].dims, vec![16]);
+    assert!(long_done > tiny_done, "{long_done:?} vs {tiny_done:?}");
+    assert!(
+        long_done >= Duration::from_millis(500),
+        "long run too short: {long_done:?}"
+    );
+    eprintln!("tiny runs done after {tiny_done:?}, long run after {long_done:?}");
+}
+
+fn callback_module(target: &str) -> String {
+    format!(
+        "module @cb {{
+  func.func public @main(%pid: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {{
+    %0 = stablehlo.custom_call @{target}(%pid, %x) {{api_version = 4 : i32, has_side_effect = true, backend_config = {{callback_id = array<i64: 7, 8, 9>, callback_id_size = 23 : ui64, num_aliased_data_outputs = 0 : ui64}}}} : (tensor<8xui8>, tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }}
+}}"
+    )
+}
+
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    callback_id: Option<Attr>,
+    callback_id_size: Option<Attr>,
+    aliased: Option<Attr>,
+    names: Vec<String>,
+    pid: Vec<u8>,
+    x: Vec<f32>,
+    x_dims: Vec<i64>,
+}
+
+#[test]
+fn ffi_handler_sees_attributes_and_writes_results() {
+    let c = client();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let fail = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (s2, f2, c2) = (seen.clone(), fail.clone(), calls.clone());
+    register_host_handler(
+        &c,
+        "xla_node_test_callback",
+        Arc::new(move |frame| {
+            c2.fetch_add(1, Ordering::SeqCst);
+            if f2.load(Ordering::SeqCst) {
+                return Err("boom".to_string());
+            }
+            let x: Vec<f32> = {
+                let args = frame.args();
+                let mut s = s2.lock().unwrap();
+                s.callback_id = frame.attr("callback_id");
+                s.callback_id_size = frame.attr("callback_id_size");
+                s.aliased = frame.attr("num_aliased_data_outputs");
+                s.names = frame.attr_names();
+                s.pid = args[0].data.to_vec();
+                s.x = f32s(args[1].data);
+                s.x_dims = args[1].dims.clone();
+                assert_eq!(args[1].dtype, Some(DType::F32));
+                s.x.clone()
+            };
+            let mut rets = frame.rets_mut()?;
+            let y: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
+            rets[0].data.copy_from_slice(&le(&y));
+            Ok(())
+        }),
+    )
+    .unwrap();
+
+    let exe = c
+        .compile(callback_module("xla_node_test_callback").as_bytes())
+        .unwrap();
+    let pid = t(DType::U8, &[8], (1..=8).collect());
+    let x = t(DType::F32, &[4], le(&[1.0f32, 2.0, 3.0, 4.0]));
+    let out = exe.execute_host(&[pid.clone(), x.clone()]).unwrap();
+    assert_eq!(out[0].data, le(&[3.0f32, 5.0, 7.0, 9.0]));
+    {
+        let s = seen.lock().unwrap().clone();
+        assert_eq!(s.callback_id, Some(Attr::ArrayI64(vec![7, 8, 9])));
+        assert_eq!(s.callback_id_size, Some(Attr::U64(23)));
+        assert_eq!(s.aliased, Some(Attr::U64(0)));
+        assert_eq!(
+            s.names,
+            vec![
+                "callback_id",
+                "callback_id_size",
+                "num_aliased_data_outputs"
+            ]
+        );
+        assert_eq!(s.pid, (1..=8).collect::<Vec<u8>>());
+        assert_eq!(s.x, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(s.x_dims, vec![4]);
+    }
+
+    // A handler error surfaces as a runtime error with the handler's text ...
+    fail.store(true, Ordering::SeqCst);
+    let err = exe.execute_host(&[pid.clone(), x.clone()]).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Runtime(ref m) if m.contains("boom")),
+        "{err:?}"
+    );
+    eprintln!("handler error surfaced as: {err}");
+    // ... and the executable keeps working.
+    fail.store(false, Ordering::SeqCst);
+    let out = exe.execute_host(&[pid, x]).unwrap();
+    assert_eq!(out[0].data, le(&[3.0f32, 5.0, 7.0, 9.0]));
+    assert!(calls.load(Ordering::SeqCst) >= 3);
+}
+
+#[test]
+fn ffi_handler_panics_and_aliasing() {
+    let c = client();
+    register_host_handler(
+        &c,
+        "xla_node_test_alias",
+        Arc::new(|frame| {
+            let aliases = frame.ret_aliases();
+            if aliases != vec![Some(1)] {
+                return Err(format!("unexpected aliases {aliases:?}"));
+            }
+            let scale = match frame.attr("scale") {
+                Some(Attr::F32(s)) => s,
+                other => return Err(format!("bad scale attribute {other:?}")),
+            };
+            if scale < 0.0 {
+                panic!("negative scale");
+            }
+            // The result aliases operand 1: update it in place.
+            let mut rets = frame.rets_mut()?;
+            let out = &mut rets[0].data;
+            for chunk in out.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes((&*chunk).try_into().unwrap()) * scale;
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let module = |scale: &str| {
+        format!(
+            "func.func @main(%pid: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {{
+  %0 = stablehlo.custom_call @xla_node_test_alias(%pid, %x) {{api_version = 4 : i32, has_side_effect = true, backend_config = {{scale = {scale} : f32}}, output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 1, operand_tuple_indices = []>]}} : (tensor<8xui8>, tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}}"
+        )
+    };
+    let pid = t(DType::U8, &[8], vec![0; 8]);
+    let x = t(DType::F32, &[4], le(&[1.0f32, -2.0, 3.0, 0.5]));
+    let exe = c.compile(module("2.0").as_bytes()).unwrap();
+    let out = exe.execute_host(&[pid.clone(), x.clone()]).unwrap();
+    assert_eq!(out[0].data, le(&[2.0f32, -4.0, 6.0, 1.0]));
+
+    let bad = c.compile(module("-1.0").as_bytes()).unwrap();
+    let err = bad.execute_host(&[pid.clone(), x.clone()]).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Runtime(ref m) if m.contains("negative scale")),
+        "{err:?}"
+    );
+    let out = exe.execute_host(&[pid, x]).unwrap();
+    assert_eq!(out[0].data, le(&[2.0f32, -4.0, 6.0, 1.0]));
+}
+
+#[test]
+fn unregistered_target_is_a_compile_error() {
+    let err = client()
+        .compile(callback_module("xla_node_never_registered").as_bytes())
+        .unwrap_err();
+    assert!(
+        matches!(err, XlaError::Compile(ref m) if m.contains("xla_node_never_registered")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn executor_async_api() {
+    let ex = executor();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (exe, _) = ex
+            .compile_async(
+                b"func.func @main(%a: tensor<2xi64>) -> tensor<2xi64> {
+  %0 = stablehlo.negate %a : tensor<2xi64>
+  return %0 : tensor<2xi64>
+}"
+                .to_vec(),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let out = ex
+            .run(exe, vec![t(DType::S64, &[2], le(&[5i64, -6]))])
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(out[0].data, le(&[-5i64, 6]));
+        let v = ex.spawn(|| 41 + 1).await.unwrap();
+        assert_eq!(v, 42);
+    });
+}
