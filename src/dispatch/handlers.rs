@@ -63,7 +63,12 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
     let reply = d
         .waiters
         .call(&dest, run.as_ref(), timeout, &what, &d.counters, |tag| {
-            tuple(vec![atom("exla_runtime_call"), id.clone(), list(args_spec), tag])
+            tuple(vec![
+                atom("exla_runtime_call"),
+                id.clone(),
+                list(args_spec),
+                tag,
+            ])
         })
         .map_err(|e| e.into_message())?;
     let binaries = parse_reply(reply, &what, &expected)?;

@@ -133,7 +133,11 @@ fn write_term(term: &Term, out: &mut String) {
             out.push('>');
         }
         Term::Binary(b) => match std::str::from_utf8(&b.bytes) {
-            Ok(s) if !s.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\t')) => {
+            Ok(s)
+                if !s
+                    .chars()
+                    .any(|c| c.is_control() && !matches!(c, '\n' | '\t')) =>
+            {
                 out.push_str(&quoted(s))
             }
             _ => {
@@ -220,10 +224,7 @@ mod tests {
         assert_eq!(reason(&a("boom")), "boom");
         assert!(inspect(&binary(vec![b'x'; 10_000])).len() < 400);
         let p = Pid::new("x@y", 112, 0, 1);
-        assert_eq!(
-            dest(&Dest::Pid(p), "me@h"),
-            "#PID<0.112.0> on node x@y"
-        );
+        assert_eq!(dest(&Dest::Pid(p), "me@h"), "#PID<0.112.0> on node x@y");
         assert_eq!(dest(&Dest::Name("cb".into()), "me@h"), "{:cb, :me@h}");
     }
 }

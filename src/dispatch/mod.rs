@@ -27,7 +27,7 @@ mod wait;
 
 use crate::node::{Dest, Node};
 use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
-use eetf::{Atom, Pid};
+use eetf::Pid;
 use run::RunState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -112,10 +112,11 @@ impl Dispatcher {
         for (target, handler) in targets {
             // Weak: XLA's registry keeps handlers forever; it must not keep the node alive.
             let weak: Weak<Dispatcher> = Arc::downgrade(&dispatcher);
-            let host: HostHandler = Arc::new(move |frame: &mut CallFrame<'_>| match weak.upgrade() {
-                Some(d) => handler(&d, frame),
-                None => Err(format!("{target}: the callback dispatcher was shut down")),
-            });
+            let host: HostHandler =
+                Arc::new(move |frame: &mut CallFrame<'_>| match weak.upgrade() {
+                    Some(d) => handler(&d, frame),
+                    None => Err(format!("{target}: the callback dispatcher was shut down")),
+                });
             register_host_handler(client, target, host)?;
         }
         Ok(dispatcher)
@@ -138,12 +139,7 @@ impl Dispatcher {
             other => other,
         });
         let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(RunState::new(
-            self.node.clone(),
-            target,
-            requester,
-            timeout,
-        ));
+        let state = Arc::new(RunState::new(self.node.clone(), target, requester, timeout));
         self.runs_lock().insert(handle, state.clone());
         RunCallbacks {
             dispatcher: self.clone(),
@@ -240,10 +236,10 @@ impl std::fmt::Debug for RunCallbacks {
     }
 }
 
+/// The server moves both across threads.
 #[allow(dead_code)]
 fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<Dispatcher>();
     is::<RunCallbacks>();
-    let _ = Atom::from("x");
 }

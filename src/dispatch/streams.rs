@@ -26,34 +26,25 @@ impl Streams {
     pub(crate) fn send(&self, dest: &Dest, message: Term) -> bool {
         let local = self.node.name();
         let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
-        match dest {
-            Dest::Name(name) => {
-                if self.node.whereis(name).is_none() {
-                    return false;
-                }
-            }
-            Dest::Remote { name, node } if node == local => {
-                if self.node.whereis(name).is_none() {
-                    return false;
-                }
-            }
+        let known_gone = match dest {
+            Dest::Name(name) => self.node.whereis(name).is_none(),
+            Dest::Remote { name, node } if node == local => self.node.whereis(name).is_none(),
             Dest::Pid(pid) if pid.node.name == local => {
                 let mref = sender.monitor(dest.clone());
-                let mut alive = true;
+                let mut gone = false;
                 // A local monitor on a dead pid delivers its `noproc` before `monitor` returns.
                 while let Some(signal) = sender.recv_blocking_timeout(Duration::ZERO) {
                     if let Signal::Down { reference, .. } = signal {
-                        if reference == mref {
-                            alive = false;
-                        }
+                        gone |= reference == mref;
                     }
                 }
                 sender.demonitor(&mref);
-                if !alive {
-                    return false;
-                }
+                gone
             }
-            _ => {}
+            _ => false,
+        };
+        if known_gone {
+            return false;
         }
         sender.send(dest.clone(), message);
         true

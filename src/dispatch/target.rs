@@ -29,7 +29,16 @@ pub(crate) const NO_SERVER: &str = "no callback server: pass the run option call
 /// The 8 bytes of handle number `n` (48 bits are used).
 pub(crate) fn handle_bytes(n: u64) -> [u8; 8] {
     let b = n.to_be_bytes();
-    [HANDLE_MAGIC[0], HANDLE_MAGIC[1], b[2], b[3], b[4], b[5], b[6], b[7]]
+    [
+        HANDLE_MAGIC[0],
+        HANDLE_MAGIC[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+    ]
 }
 
 /// The handle number in `bytes`, if they are a run handle.
@@ -61,7 +70,8 @@ pub(crate) fn read_operand0(arg: Option<&TensorRef<'_>>) -> Result<Operand0, Str
         return Err(format!(
             "operand 0 of a callback must be a u8 tensor naming the target (a run handle or \
              :erlang.term_to_binary(target)), got element type {}",
-            arg.dtype.map_or_else(|| format!("#{}", arg.xla_type), |d| d.to_string())
+            arg.dtype
+                .map_or_else(|| format!("#{}", arg.xla_type), |d| d.to_string())
         ));
     }
     let bytes = arg.data;

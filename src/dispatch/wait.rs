@@ -99,7 +99,10 @@ impl Waiters {
         }
         counters.pending.fetch_add(1, Ordering::Relaxed);
         let mref = waiter.monitor(dest.clone());
-        let tag = tuple(vec![Term::from(waiter.pid().clone()), Term::from(cref.clone())]);
+        let tag = tuple(vec![
+            Term::from(waiter.pid().clone()),
+            Term::from(cref.clone()),
+        ]);
         waiter.send(dest.clone(), build(tag));
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
@@ -155,9 +158,9 @@ impl Waiters {
                 Signal::Message(Term::Tuple(t)) if t.elements.len() == 2 => {
                     let mut e = t.elements;
                     match &e[0] {
-                        Term::Reference(r) if r == cref => return Ok(e.swap_remove(1)),
+                        Term::Reference(r) if **r == *cref => return Ok(e.swap_remove(1)),
                         Term::Atom(a) if a.name == ABANDON => {
-                            if matches!(&e[1], Term::Reference(r) if r == cref) {
+                            if matches!(&e[1], Term::Reference(r) if **r == *cref) {
                                 let reason = run
                                     .and_then(|r| r.closed())
                                     .unwrap_or_else(|| "the run was abandoned".to_string());

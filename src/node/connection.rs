@@ -139,8 +139,15 @@ impl Lanes {
                         lane.pop_front();
                     }
                     Unit::Fragments(f) => {
-                        if !f.write_next(out) {
+                        // Up to a batch of fragments per lane and round: few syscalls for a big
+                        // transfer, while other lanes and new messages still get a turn.
+                        let mut more = true;
+                        while more && out.len() < BATCH_LIMIT {
+                            more = f.write_next(out);
+                        }
+                        if !more {
                             lane.pop_front();
+                            continue;
                         }
                         break;
                     }

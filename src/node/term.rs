@@ -284,9 +284,70 @@ pub fn encode_into(term: &Term, out: &mut Vec<u8>) {
 /// Appends `term` in external format *without* the version byte, as terms follow a
 /// distribution header.
 pub fn encode_bare_into(term: &Term, out: &mut Vec<u8>) {
-    let at = out.len();
-    encode_into(term, out);
-    out.remove(at);
+    out.reserve(size_hint(term, 0));
+    let mut writer = SkipVersionByte {
+        out,
+        skipped: false,
+    };
+    term.encode(&mut writer)
+        .expect("encoding a well-formed term into memory");
+}
+
+/// Drops the version byte eetf writes first, so that a large payload is written once instead of
+/// being shifted afterwards.
+struct SkipVersionByte<'a> {
+    out: &'a mut Vec<u8>,
+    skipped: bool,
+}
+
+impl std::io::Write for SkipVersionByte<'_> {
+    fn write(&mut self, mut buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len();
+        if !self.skipped && !buf.is_empty() {
+            self.skipped = true;
+            buf = &buf[1..];
+        }
+        self.out.extend_from_slice(buf);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Roughly how many bytes `term` encodes to: exact for binaries, a guess for the rest. Lets the
+/// encoder reserve once instead of growing a large buffer by doubling.
+fn size_hint(term: &Term, depth: usize) -> usize {
+    if depth > MAX_DEPTH {
+        return 0;
+    }
+    match term {
+        Term::Binary(b) => 5 + b.bytes.len(),
+        Term::BitBinary(b) => 6 + b.bytes.len(),
+        Term::Tuple(t) => {
+            5 + t
+                .elements
+                .iter()
+                .map(|e| size_hint(e, depth + 1))
+                .sum::<usize>()
+        }
+        Term::List(l) => {
+            6 + l
+                .elements
+                .iter()
+                .map(|e| size_hint(e, depth + 1))
+                .sum::<usize>()
+        }
+        Term::Map(m) => {
+            5 + m
+                .map
+                .iter()
+                .map(|(k, v)| size_hint(k, depth + 1) + size_hint(v, depth + 1))
+                .sum::<usize>()
+        }
+        _ => 16,
+    }
 }
 
 // ---- builders ----------------------------------------------------------------------------------

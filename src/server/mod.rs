@@ -159,6 +159,9 @@ fn handle_call(process: &Process, compute: &Compute, from: From, request: Term) 
                 }
                 (Some("read"), 2) => return compute.read(from, e.pop().expect("2 elements")),
                 (Some("free"), 2) => return compute.free(from, e.pop().expect("2 elements")),
+                (Some("echo"), 2) => {
+                    return gen::reply(process, &from, e.pop().expect("2 elements"))
+                }
                 _ => Term::from(eetf::Tuple::from(e)),
             }
         }

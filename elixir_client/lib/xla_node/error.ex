@@ -58,7 +58,11 @@ defmodule XlaNode.Error do
     do: %__MODULE__{kind: kind, message: inspect(message), reason: reason}
 
   def from_reason(reason),
-    do: %__MODULE__{kind: :bad_reply, message: "unexpected error #{inspect(reason)}", reason: reason}
+    do: %__MODULE__{
+      kind: :bad_reply,
+      message: "unexpected error #{inspect(reason)}",
+      reason: reason
+    }
 
   @doc """
   Builds an error from the reason a `GenServer.call/3` exited with.
@@ -67,7 +71,7 @@ defmodule XlaNode.Error do
       :nodedown
 
       iex> XlaNode.Error.from_exit(:timeout, {:xla, :"xla@host"}).message
-      "no reply from {:xla, :\\"xla@host\\"} in time"
+      "no reply from {:xla, :xla@host} in time"
   """
   @spec from_exit(term(), GenServer.server()) :: t()
   def from_exit(reason, server) do

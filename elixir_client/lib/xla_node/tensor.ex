@@ -60,6 +60,9 @@ defmodule XlaNode.Tensor do
           | {number() | atom(), number() | atom()}
           | %{re: number(), im: number()}
 
+  # The largest finite f32.
+  @f32_max 3.4028234663852886e38
+
   @types [
     {:s, 8},
     {:s, 16},
@@ -160,7 +163,8 @@ defmodule XlaNode.Tensor do
           {values, dims}
 
         other ->
-          raise ArgumentError, "dims must be a list of non-negative integers, got #{inspect(other)}"
+          raise ArgumentError,
+                "dims must be a list of non-negative integers, got #{inspect(other)}"
       end
 
     {encode(values, type), {type, dims}}
@@ -312,12 +316,12 @@ defmodule XlaNode.Tensor do
   defp product(dims), do: Enum.reduce(dims, 1, &(&1 * &2))
 
   defp nest(values, [_]), do: values
-  defp nest([], [0 | _]), do: []
 
-  defp nest(values, [_ | inner]) do
-    values
-    |> Enum.chunk_every(product(inner))
-    |> Enum.map(&nest(&1, inner))
+  defp nest(values, [d | inner]) do
+    case product(inner) do
+      0 -> List.duplicate(nest([], inner), d)
+      n -> values |> Enum.chunk_every(n) |> Enum.map(&nest(&1, inner))
+    end
   end
 
   ## Encoding
@@ -352,6 +356,13 @@ defmodule XlaNode.Tensor do
     <<v::unsigned-little-size(bits)>>
   end
 
+  # Finite floats take the native path (Erlang rounds to nearest even like C); the rest (special
+  # values, f32 overflow, integers too big for a double) go through float_bits/3.
+  defp encode_value(v, {:f, 64}) when is_float(v), do: <<v::float-little-64>>
+
+  defp encode_value(v, {:f, 32}) when is_float(v) and abs(v) <= @f32_max,
+    do: <<v::float-little-32>>
+
   defp encode_value(v, {:f, 64}), do: float_bits(v, 11, 52) |> then(&<<&1::little-64>>)
   defp encode_value(v, {:f, 32}), do: float_bits(v, 8, 23) |> then(&<<&1::little-32>>)
   defp encode_value(v, {:f, 16}), do: float_bits(v, 5, 10) |> then(&<<&1::little-16>>)
@@ -371,7 +382,8 @@ defmodule XlaNode.Tensor do
   defp complex_parts(v) when is_number(v) or v in [:infinity, :neg_infinity, :nan], do: {v, 0}
 
   defp complex_parts(v),
-    do: raise(ArgumentError, "expected {re, im} or a number for a complex type, got #{inspect(v)}")
+    do:
+      raise(ArgumentError, "expected {re, im} or a number for a complex type, got #{inspect(v)}")
 
   # IEEE 754 binary interchange bits of `v` for a format with `e` exponent bits and `m` mantissa
   # bits, rounding to nearest even. Works from the exact value of the double (or integer).
@@ -405,7 +417,8 @@ defmodule XlaNode.Tensor do
         end
 
       other ->
-        raise ArgumentError, "expected a number, :infinity, :neg_infinity or :nan, got #{inspect(other)}"
+        raise ArgumentError,
+              "expected a number, :infinity, :neg_infinity or :nan, got #{inspect(other)}"
     end
   end
 
@@ -451,28 +464,26 @@ defmodule XlaNode.Tensor do
   defp decode(binary, {:u, bits}),
     do: for(<<v::unsigned-little-size(bits) <- binary>>, do: v)
 
-  defp decode(binary, {:f, 64}), do: for(<<b::little-64 <- binary>>, do: float_value(b, 11, 52))
-  defp decode(binary, {:f, 32}), do: for(<<b::little-32 <- binary>>, do: float_value(b, 8, 23))
+  defp decode(binary, {:f, 64}), do: for(<<x::binary-8 <- binary>>, do: decode_f64(x))
+  defp decode(binary, {:f, 32}), do: for(<<x::binary-4 <- binary>>, do: decode_f32(x))
   defp decode(binary, {:f, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 5, 10))
   defp decode(binary, {:bf, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 8, 7))
 
   defp decode(binary, {:c, bits}) do
-    half = div(bits, 2)
-    [part] = decode_parts(binary, half)
-    part
+    part = {:f, div(bits, 2)}
+    size = div(bits, 16)
+
+    for <<re::binary-size(size), im::binary-size(size) <- binary>> do
+      {hd(decode(re, part)), hd(decode(im, part))}
+    end
   end
 
-  defp decode_parts(binary, half) do
-    size = div(half, 8)
+  # Finite values decode natively; binary matching refuses infinities and NaNs.
+  defp decode_f64(<<f::float-little-64>>), do: f
+  defp decode_f64(<<b::little-64>>), do: float_value(b, 11, 52)
 
-    [
-      for <<re::binary-size(size), im::binary-size(size) <- binary>> do
-        [re] = decode(re, {:f, half})
-        [im] = decode(im, {:f, half})
-        {re, im}
-      end
-    ]
-  end
+  defp decode_f32(<<f::float-little-32>>), do: f
+  defp decode_f32(<<b::little-32>>), do: float_value(b, 8, 23)
 
   defp float_value(bits, e, m) do
     sign = bits >>> (e + m)
@@ -487,21 +498,17 @@ defmodule XlaNode.Tensor do
       exp == (1 <<< e) - 1 ->
         if sign == 1, do: :neg_infinity, else: :infinity
 
-      e == 11 ->
-        <<f::float-64>> = <<bits::64>>
-        f
-
       true ->
         magnitude =
           if exp == 0,
             do: frac * pow2(1 - bias - m),
             else: ((1 <<< m) + frac) * pow2(exp - bias - m)
 
-        if sign == 1, do: -magnitude, else: magnitude
+        if sign == 1, do: -1.0 * magnitude, else: magnitude
     end
   end
 
-  # 2^k as an exact float (|k| is small enough for every format here but f64, decoded natively).
+  # 2^k as an exact float (f64 never gets here with a finite value).
   defp pow2(k) when k >= 0, do: (1 <<< k) * 1.0
   defp pow2(k), do: 1.0 / (1 <<< -k)
 end

@@ -115,7 +115,9 @@ defmodule XlaNode.Harness do
     * `:pjrt_plugin` - plugin path (default `plugin_path/0`; `false` passes none)
     * `:args` - extra command-line arguments
     * `:env` - extra environment, `[{"VAR", "value" | false}]` (`false` unsets)
-    * `:timeout` - how long to wait for the epmd registration (default 30 s)
+    * `:timeout` - how long to wait for the epmd registration and for `:xla` (default 30 s)
+    * `:wait_ready` - after epmd, wait until `:xla` answers `:ping` through a throwaway raw
+      connection (default true; its nodeup/nodedown lines name `ready_probeN@host`)
     * `:cleanup` - register an on_exit kill in the calling test (default true)
 
   Returns `%{name: node_atom, sname: "xla_tN", os_pid: integer, port: erlang_port,
@@ -196,14 +198,43 @@ defmodule XlaNode.Harness do
 
     if Keyword.get(opts, :cleanup, true), do: register_cleanup(fn -> cleanup_node(node) end)
 
-    case wait_epmd(node, Keyword.get(opts, :timeout, 30_000)) do
-      {:ok, dist_port} ->
-        %{node | dist_port: dist_port}
+    timeout = Keyword.get(opts, :timeout, 30_000)
 
+    with {:ok, dist_port} <- wait_epmd(node, timeout),
+         node = %{node | dist_port: dist_port},
+         :ok <- if(Keyword.get(opts, :wait_ready, true), do: wait_ready(node, opts, timeout), else: :ok) do
+      node
+    else
       {:error, why} ->
         cleanup_node(node)
-        raise "xla_node #{full_name} did not register in epmd: #{why}\n--- log ---\n#{log(node)}"
+        raise "xla_node #{full_name} did not come up: #{why}\n--- log ---\n#{log(node)}"
     end
+  end
+
+  # The node registers in epmd slightly before its `:xla` server runs. Probe with a throwaway raw
+  # distribution connection (not the runner's own, which would tie the runner to the node, e.g.
+  # with a different net_ticktime) until `:xla` answers `:pong`.
+  defp wait_ready(node, opts, timeout) do
+    cookie =
+      node.cookie ||
+        File.read!(Path.join(opts[:home] || System.user_home!(), ".erlang.cookie"))
+        |> String.trim()
+
+    probe = fn ->
+      name = "#{unique_name("ready_probe")}@#{host()}"
+
+      case XlaNode.Harness.RawDist.connect(node, cookie: cookie, name: name) do
+        {:ok, conn} ->
+          reply = XlaNode.Harness.RawDist.gen_call(conn, :xla, :ping, 2_000)
+          XlaNode.Harness.RawDist.close(conn)
+          reply == {:ok, :pong}
+
+        _ ->
+          false
+      end
+    end
+
+    if eventually(probe, timeout, 100), do: :ok, else: {:error, ":xla never answered :ping"}
   end
 
   defp wait_epmd(node, timeout) do
@@ -357,7 +388,8 @@ defmodule XlaNode.Harness do
   `:standard_io` for peers the runner must not or cannot connect to: long names, a different
   net_ticktime), `:longnames` + `:host` (e.g. `"127.0.0.1"`), `:cleanup` (default true).
 
-  Returns `%{pid: peer_control_pid, node: node_atom, os_pid: integer}`.
+  Returns `%{pid: peer_control_pid, node: node_atom, os_pid: integer, connection: :dist |
+  :standard_io}`.
   """
   def start_peer(name \\ nil, args \\ [], opts \\ []) do
     name = name || unique_name("peer")
@@ -378,8 +410,8 @@ defmodule XlaNode.Harness do
       |> maybe_put(:host, opts[:host] && String.to_charlist(opts[:host]))
 
     {:ok, pid, peer_node} = :peer.start(spec)
-    peer = %{pid: pid, node: peer_node, os_pid: nil}
-    os_pid = :peer.call(pid, :os, :getpid, [], 15_000) |> List.to_integer()
+    peer = %{pid: pid, node: peer_node, os_pid: nil, connection: opts[:connection] || :dist}
+    os_pid = peer_call(peer, :os, :getpid, [], 15_000) |> List.to_integer()
     peer = %{peer | os_pid: os_pid}
     if Keyword.get(opts, :cleanup, true), do: register_cleanup(fn -> stop_peer(peer) end)
     peer
@@ -391,15 +423,30 @@ defmodule XlaNode.Harness do
   @doc "The peer's OS process id."
   def peer_os_pid(%{os_pid: os_pid}), do: os_pid
 
-  @doc "Runs `apply(m, f, a)` on the peer (works for both connection kinds)."
-  def peer_call(%{pid: pid}, m, f, a, timeout \\ 15_000), do: :peer.call(pid, m, f, a, timeout)
+  @doc """
+  Runs `apply(m, f, a)` on the peer: through `:erpc` over distribution, or through `:peer.call`
+  for `connection: :standard_io` peers (OTP's `:peer.call` only works for those).
+  """
+  def peer_call(peer, m, f, a, timeout \\ 15_000)
+
+  def peer_call(%{connection: :dist, node: node}, m, f, a, timeout),
+    do: :erpc.call(node, m, f, a, timeout)
+
+  def peer_call(%{pid: pid}, m, f, a, timeout), do: :peer.call(pid, m, f, a, timeout)
 
   @doc "Stops a peer; harmless if it is already gone. Kills its OS process if it hangs."
   def stop_peer(%{pid: pid, os_pid: os_pid}) do
     # A stopped (SIGSTOP) peer cannot halt: make sure it is running, then stop it.
     System.cmd("kill", ["-CONT", "#{os_pid}"], stderr_to_stdout: true)
 
-    task = Task.async(fn -> catch_exit(:peer.stop(pid)) end)
+    task =
+      Task.async(fn ->
+        try do
+          :peer.stop(pid)
+        catch
+          :exit, _ -> :ok
+        end
+      end)
 
     case Task.yield(task, 5_000) || Task.shutdown(task, :brutal_kill) do
       nil -> System.cmd("kill", ["-KILL", "#{os_pid}"], stderr_to_stdout: true)
@@ -430,12 +477,6 @@ defmodule XlaNode.Harness do
         raise ArgumentError,
               "no object code for #{inspect(module)}; define it in test/support/ instead"
     end
-  end
-
-  defp catch_exit(f) do
-    f
-  catch
-    :exit, _ -> :ok
   end
 
   ## Process bookkeeping

@@ -1,0 +1,163 @@
+# Benchmarks of xla_node against a BEAM baseline in the same run. Invoked by bench/run.sh.
+# Every figure is a median over many round trips; each comparison interleaves the two sides in
+# rounds so that machine noise hits both alike.
+
+[xla_name, parts] = System.argv()
+host = node() |> Atom.to_string() |> String.split("@") |> List.last()
+xla = :"#{xla_name}@#{host}"
+true = Node.connect(xla)
+
+# The baseline: a BEAM node running a GenServer with the same requests as :xla, and a process
+# that echoes plain messages and answers callbacks the way a callback server would.
+[{mod, bin}] =
+  Code.compile_string("""
+  defmodule Bench.Baseline do
+    use GenServer
+    def init(_), do: {:ok, nil}
+    def handle_call(:ping, _from, s), do: {:reply, :pong, s}
+    def handle_call({:echo, t}, _from, s), do: {:reply, t, s}
+
+    def echo_loop do
+      receive do
+        {:exla_runtime_call, _id, [{bin, _shape} | _], {pid, ref}} -> send(pid, {ref, {:ok, [bin]}})
+        {from, msg} -> send(from, msg)
+      end
+
+      echo_loop()
+    end
+  end
+  """)
+
+{:ok, peer, base} =
+  :peer.start_link(%{
+    name: :"bench_base_#{System.os_time()}",
+    # The peer runs Elixir code (GenServer), so it needs Elixir's code path.
+    args: [~c"-setcookie", Atom.to_charlist(Node.get_cookie()), ~c"-pa" | :code.get_path()]
+  })
+
+{:module, _} = :erpc.call(base, :code, :load_binary, [mod, ~c"bench_baseline.beam", bin])
+{:ok, _} = :erpc.call(base, GenServer, :start, [Bench.Baseline, nil, [name: :baseline]])
+echo = :erpc.call(base, :erlang, :spawn, [Bench.Baseline, :echo_loop, []])
+_ = peer
+
+defmodule Bench do
+  def median(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples), 2))
+  def p99(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples) * 99, 100))
+
+  def time(fun) do
+    t0 = System.monotonic_time(:nanosecond)
+    fun.()
+    (System.monotonic_time(:nanosecond) - t0) / 1000
+  end
+
+  # Alternates `rounds` rounds of `n` samples of each function; returns the samples per side.
+  def interleave(funs, rounds, n) do
+    Enum.reduce(1..rounds, Map.new(funs, fn {k, _} -> {k, []} end), fn _, acc ->
+      Enum.reduce(funs, acc, fn {k, f}, acc ->
+        Map.update!(acc, k, &(for(_ <- 1..n, do: time(f)) ++ &1))
+      end)
+    end)
+  end
+
+  def report(title, rows), do: IO.puts("\n## #{title}\n" <> Enum.map_join(rows, "\n", fn r -> "  " <> r end))
+  def us(x), do: :erlang.float_to_binary(x / 1, decimals: 1) <> " us"
+end
+
+if parts in ["all", "node"] do
+  for _ <- 1..2000, do: GenServer.call({:xla, xla}, :ping)
+  for _ <- 1..2000, do: GenServer.call({:baseline, base}, :ping)
+
+  s = Bench.interleave([xla: fn -> GenServer.call({:xla, xla}, :ping) end, beam: fn -> GenServer.call({:baseline, base}, :ping) end], 10, 2000)
+  {mx, mb} = {Bench.median(s.xla), Bench.median(s.beam)}
+  Bench.report("tiny GenServer.call (20,000 each, interleaved)", [
+    "xla_node: median #{Bench.us(mx)}, p99 #{Bench.us(Bench.p99(s.xla))}",
+    "BEAM:     median #{Bench.us(mb)}, p99 #{Bench.us(Bench.p99(s.beam))}",
+    "ratio xla_node/BEAM median latency: #{Float.round(mx / mb, 3)}  (target <= 1.1)"
+  ])
+
+  big = :crypto.strong_rand_bytes(16 * 1024 * 1024)
+  s = Bench.interleave([xla: fn -> ^big = GenServer.call({:xla, xla}, {:echo, big}, 60_000) end, beam: fn -> ^big = GenServer.call({:baseline, base}, {:echo, big}, 60_000) end], 5, 6)
+  mbps = fn samples -> 16 / (Bench.median(samples) / 1_000_000) end
+  Bench.report("16 MiB echo (30 each, interleaved; MiB echoed per second of round trip)", [
+    "xla_node: #{Float.round(mbps.(s.xla), 1)} MiB/s",
+    "BEAM:     #{Float.round(mbps.(s.beam), 1)} MiB/s",
+    "ratio xla_node/BEAM throughput: #{Float.round(mbps.(s.xla) / mbps.(s.beam), 3)}  (target >= 1.2)"
+  ])
+end
+
+if parts in ["all", "xla"] do
+  mlir = """
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+    %y = stablehlo.add %x, %one : tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+  """
+  {:ok, exe} = GenServer.call({:xla, xla}, {:compile, mlir})
+  x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  run = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, exe, [x]}) end
+  for _ <- 1..2000, do: run.()
+  s = Bench.interleave([run: run, beam: fn -> GenServer.call({:baseline, base}, :ping) end], 10, 1000)
+  {mr, mb} = {Bench.median(s.run), Bench.median(s.beam)}
+  Bench.report("{:run, exe, [f32[4]]} of x + 1 (10,000 each, interleaved)", [
+    "run on xla_node:            median #{Bench.us(mr)}, p99 #{Bench.us(Bench.p99(s.run))}",
+    "trivial call to BEAM node:  median #{Bench.us(mb)}",
+    "added over the baseline: #{Bench.us(mr - mb)}  (target <= +20 us)"
+  ])
+end
+
+if parts in ["all", "callbacks"] do
+  id = 7
+  idbin = :erlang.term_to_binary(id)
+  padded = idbin <> :binary.copy(<<0>>, rem(8 - rem(byte_size(idbin), 8), 8))
+  words = for <<w::signed-little-64 <- padded>>, do: w
+
+  with_cb = fn shape ->
+    """
+    func.func @main(%cb: tensor<8xui8>, %x: #{shape}) -> #{shape} {
+      %r = stablehlo.custom_call @exla_runtime_callback(%cb, %x) {api_version = 4 : i32, has_side_effect = true, backend_config = {callback_id = array<i64: #{Enum.join(words, ", ")}>, callback_id_size = #{byte_size(idbin)} : ui64, num_aliased_data_outputs = 0 : ui64}} : (tensor<8xui8>, #{shape}) -> #{shape}
+      return %r : #{shape}
+    }
+    """
+  end
+
+  without_cb = """
+  func.func @main(%cb: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {
+    return %x : tensor<4xf32>
+  }
+  """
+
+  {:ok, cb_exe} = GenServer.call({:xla, xla}, {:compile, with_cb.("tensor<4xf32>")})
+  {:ok, plain_exe} = GenServer.call({:xla, xla}, {:compile, without_cb})
+  x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  opts = [callback_server: echo]
+  with = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, cb_exe, [x], opts}) end
+  without = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, plain_exe, [x], opts}) end
+  round_trip = fn ->
+    send(echo, {self(), :pong})
+
+    receive do
+      :pong -> :ok
+    end
+  end
+
+  for _ <- 1..1000, do: {with.(), without.(), round_trip.()}
+  s = Bench.interleave([with: with, without: without, rt: round_trip], 10, 1000)
+  extra = Bench.median(s.with) - Bench.median(s.without)
+  rt = Bench.median(s.rt)
+  Bench.report("one callback to a process on another BEAM node (10,000 each, interleaved)", [
+    "run with callback:    median #{Bench.us(Bench.median(s.with))}",
+    "run without callback: median #{Bench.us(Bench.median(s.without))}",
+    "extra latency of one callback: #{Bench.us(extra)}",
+    "BEAM-to-BEAM message round trip: #{Bench.us(rt)}",
+    "ratio callback/round trip: #{Float.round(extra / rt, 3)}  (target <= 1.5)"
+  ])
+
+  n = 16 * 1024 * 1024
+  {:ok, big_exe} = GenServer.call({:xla, xla}, {:compile, with_cb.("tensor<#{n}xui8>")})
+  big = {:crypto.strong_rand_bytes(n), {{:u, 8}, [n]}}
+  samples = for _ <- 1..10, do: Bench.time(fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, big_exe, [big], opts}, 60_000) end)
+  Bench.report("callback moving 16 MiB each way (10 runs)", [
+    "median run: #{Bench.us(Bench.median(samples))}; callback payload throughput (16 MiB out + 16 MiB back, including the request and reply legs of the run): #{Float.round(32 / (Bench.median(samples) / 1_000_000), 1)} MiB/s"
+  ])
+end

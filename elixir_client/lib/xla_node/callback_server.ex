@@ -1,0 +1,371 @@
+defmodule XlaNode.CallbackServer do
+  @moduledoc """
+  Serves the host callbacks of programs run with `XlaNode.run/4`.
+
+  Programs in EXLA's form call back into Elixir through `stablehlo.custom_call
+  @exla_runtime_callback` (with a callback id), and stream data through outfeed and infeed.
+  Run them with `callback_server: pid_or_name` and the node sends this process:
+
+    * `{:exla_runtime_call, callback_id, args, {pid, ref}}` - the callback registered for
+      `callback_id` is called with `args` (a list of tensors, see `XlaNode.Tensor`) in a
+      separate process, so that slow callbacks do not hold up others; its result is sent back
+      as `{ref, {:ok, [binary]}}` or `{ref, {:error, {kind, message}}}`.
+    * `{:exla_outfeed, args}` - handed to the `:outfeed` handler.
+    * `{:exla_infeed, {pid, ref}, out_spec}` - answered with the next value pushed with
+      `push_infeed/2`, as soon as there is one.
+
+  ## Callbacks
+
+  `callbacks` (the first argument of `start_link/2`) is either
+
+    * a function `fn callback_id, args -> result end`, called for every id, or
+    * a map `%{callback_id => fun}`, where `fun` takes `args` (arity 1) or
+      `callback_id, args` (arity 2).
+
+  A callback returns
+
+    * `{:ok, results}` - one entry per result of the custom call, each a binary of exactly the
+      result's byte size, or a tensor (`{binary, {type, dims}}`, whose binary is sent)
+    * `{:error, {kind, message}}` - `kind` an atom, `message` a binary (other terms are
+      inspected); the run then fails with that error
+
+  Anything else is answered with `{:error, {:runtime_error, "..."}}`. Failures follow EXLA's
+  `EXLA.CallbackServer`: a raised exception becomes `{:error, {:runtime_error,
+  "Elixir callback raised ArgumentError: message"}}`, a throw or an exit
+  `{:error, {:runtime_error, "Elixir callback threw: ..."}}` / `"... exited: ..."`. An id with
+  no callback is answered with `{:error, {:unknown_callback, "no callback registered for id
+  ..."}}`.
+
+  ## Options
+
+    * `:name` - registers the server (as with `GenServer.start_link/3`)
+    * `:outfeed` - where outfeed values go: a pid (or registered name), which receives
+      `{:xla_outfeed, args}`, or a function of one argument called with `args` (in the server
+      process, one at a time, in arrival order). Without it outfeed values are dropped.
+
+  ## Example
+
+      {:ok, cb} =
+        XlaNode.CallbackServer.start_link(%{
+          double: fn [{bin, {{:f, 32}, dims}}] ->
+            values = XlaNode.Tensor.to_list({bin, {{:f, 32}, dims}})
+            {:ok, [XlaNode.Tensor.from_list(Enum.map(values, &(&1 * 2)), {:f, 32})]}
+          end
+        })
+
+      {:ok, [y]} = XlaNode.run(node, exe, [x], callback_server: cb)
+  """
+
+  use GenServer
+
+  require Logger
+
+  alias XlaNode.Tensor
+
+  @typedoc "A callback: see the module documentation."
+  @type callback ::
+          (term(), [Tensor.t()] -> callback_result())
+          | ([Tensor.t()] -> callback_result())
+
+  @type callback_result :: {:ok, [binary() | Tensor.t()]} | {:error, {atom(), String.t()}}
+
+  @type callbacks ::
+          (term(), [Tensor.t()] -> callback_result()) | %{optional(term()) => callback()}
+
+  @type option ::
+          {:name, GenServer.name()}
+          | {:outfeed, pid() | atom() | (list() -> any())}
+          | {atom(), term()}
+
+  ## API
+
+  @doc """
+  Starts a callback server linked to the caller.
+
+      {:ok, cb} = XlaNode.CallbackServer.start_link(fn _id, [x] -> {:ok, [x]} end)
+      {:ok, _} = XlaNode.CallbackServer.start_link(%{id: &my_fun/1}, name: MyCallbacks,
+                                                   outfeed: self())
+  """
+  @spec start_link(callbacks(), [option()]) :: GenServer.on_start()
+  def start_link(callbacks, opts \\ []) do
+    {gen_opts, opts} = Keyword.split(opts, [:name, :debug, :spawn_opt, :hibernate_after])
+    GenServer.start_link(__MODULE__, {callbacks, opts}, gen_opts)
+  end
+
+  @doc """
+  Like `start_link/2` but without a link.
+
+      {:ok, cb} = XlaNode.CallbackServer.start(fn _id, args -> {:ok, args} end)
+  """
+  @spec start(callbacks(), [option()]) :: GenServer.on_start()
+  def start(callbacks, opts \\ []) do
+    {gen_opts, opts} = Keyword.split(opts, [:name, :debug, :spawn_opt, :hibernate_after])
+    GenServer.start(__MODULE__, {callbacks, opts}, gen_opts)
+  end
+
+  @doc """
+  A child spec, for `{XlaNode.CallbackServer, callbacks}` or
+  `{XlaNode.CallbackServer, {callbacks, opts}}` in a supervisor.
+
+      children = [{XlaNode.CallbackServer, {%{double: &double/1}, name: MyCallbacks}}]
+  """
+  @spec child_spec(callbacks() | {callbacks(), [option()]}) :: Supervisor.child_spec()
+  def child_spec({callbacks, opts}) when is_list(opts) do
+    %{
+      id: Keyword.get(opts, :name, __MODULE__),
+      start: {__MODULE__, :start_link, [callbacks, opts]}
+    }
+  end
+
+  def child_spec(callbacks), do: child_spec({callbacks, []})
+
+  @doc """
+  Registers (or replaces) the callback for `id`. Only for servers started with a map.
+
+      :ok = XlaNode.CallbackServer.put_callback(cb, :triple, fn [x] -> {:ok, [x]} end)
+  """
+  @spec put_callback(GenServer.server(), term(), callback()) :: :ok | {:error, :not_a_map}
+  def put_callback(server, id, fun) when is_function(fun, 1) or is_function(fun, 2),
+    do: GenServer.call(server, {:put_callback, id, fun})
+
+  @doc """
+  Queues a value for the program's next infeed: a list with one binary (or tensor) per element of
+  the infeed's shape. If the program is already waiting for one, it gets it at once. Values are
+  consumed in the order they were pushed.
+
+      :ok = XlaNode.CallbackServer.push_infeed(cb, [<<1.0::float-little-32>>])
+  """
+  @spec push_infeed(GenServer.server(), [binary() | Tensor.t()]) :: :ok
+  def push_infeed(server, values) when is_list(values),
+    do: GenServer.call(server, {:push_infeed, Enum.map(values, &to_binary/1)})
+
+  @doc """
+  How many values are queued for infeed and how many infeed requests are waiting for one.
+
+      %{queued: 0, waiting: 0} = XlaNode.CallbackServer.infeed_status(cb)
+  """
+  @spec infeed_status(GenServer.server()) :: %{
+          queued: non_neg_integer(),
+          waiting: non_neg_integer()
+        }
+  def infeed_status(server), do: GenServer.call(server, :infeed_status)
+
+  ## GenServer
+
+  @impl true
+  def init({callbacks, opts}) do
+    unless is_function(callbacks, 2) or is_map(callbacks) do
+      raise ArgumentError,
+            "callbacks must be a function of two arguments or a map of functions, " <>
+              "got #{inspect(callbacks)}"
+    end
+
+    outfeed = Keyword.get(opts, :outfeed)
+
+    unless outfeed == nil or is_pid(outfeed) or is_atom(outfeed) or is_function(outfeed, 1) or
+             match?({name, node} when is_atom(name) and is_atom(node), outfeed) do
+      raise ArgumentError,
+            "outfeed must be a pid, a name or a function of one argument, got #{inspect(outfeed)}"
+    end
+
+    {:ok,
+     %{
+       callbacks: callbacks,
+       outfeed: outfeed,
+       # infeed values pushed and not taken yet, and infeed requests waiting for a value
+       infeed: :queue.new(),
+       waiting: :queue.new(),
+       # monitor ref => reply tag, for callbacks running in their own process
+       tasks: %{}
+     }}
+  end
+
+  @impl true
+  def handle_call({:put_callback, id, fun}, _from, %{callbacks: callbacks} = state)
+      when is_map(callbacks) do
+    {:reply, :ok, %{state | callbacks: Map.put(callbacks, id, fun)}}
+  end
+
+  def handle_call({:put_callback, _, _}, _from, state) do
+    {:reply, {:error, :not_a_map}, state}
+  end
+
+  def handle_call({:push_infeed, values}, _from, state) do
+    case :queue.out(state.waiting) do
+      {{:value, {reply_to, out_spec}}, waiting} ->
+        reply_infeed(reply_to, out_spec, values)
+        {:reply, :ok, %{state | waiting: waiting}}
+
+      {:empty, _} ->
+        {:reply, :ok, %{state | infeed: :queue.in(values, state.infeed)}}
+    end
+  end
+
+  def handle_call(:infeed_status, _from, state) do
+    {:reply, %{queued: :queue.len(state.infeed), waiting: :queue.len(state.waiting)}, state}
+  end
+
+  @impl true
+  def handle_info({:exla_runtime_call, id, args, reply_to}, state) do
+    case lookup(state.callbacks, id) do
+      {:ok, fun} ->
+        {_pid, monitor} = spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args)) end)
+        {:noreply, put_in(state.tasks[monitor], reply_to)}
+
+      :error ->
+        message = "no callback registered for id #{inspect(id)} in #{inspect(self())}"
+        reply(reply_to, {:error, {:unknown_callback, message}})
+        {:noreply, state}
+    end
+  end
+
+  def handle_info({:exla_outfeed, args}, state) do
+    deliver_outfeed(state.outfeed, args)
+    {:noreply, state}
+  end
+
+  def handle_info({:exla_infeed, reply_to, out_spec}, state) do
+    case :queue.out(state.infeed) do
+      {{:value, values}, infeed} ->
+        reply_infeed(reply_to, out_spec, values)
+        {:noreply, %{state | infeed: infeed}}
+
+      {:empty, _} ->
+        {:noreply, %{state | waiting: :queue.in({reply_to, out_spec}, state.waiting)}}
+    end
+  end
+
+  def handle_info({:DOWN, monitor, :process, _pid, reason}, state) do
+    {reply_to, tasks} = Map.pop(state.tasks, monitor)
+
+    # The task replies before it exits normally; any other exit (a kill from outside) leaves the
+    # program waiting, so answer for it.
+    if reply_to != nil and reason != :normal do
+      reply(reply_to, {:error, {:runtime_error, "Elixir callback exited: #{inspect(reason)}"}})
+    end
+
+    {:noreply, %{state | tasks: tasks}}
+  end
+
+  def handle_info(message, state) do
+    Logger.debug("#{inspect(__MODULE__)} ignoring unexpected message: #{inspect(message)}")
+    {:noreply, state}
+  end
+
+  ## Helpers
+
+  defp lookup(fun, _id) when is_function(fun, 2), do: {:ok, fun}
+
+  defp lookup(callbacks, id) when is_map(callbacks) do
+    case Map.fetch(callbacks, id) do
+      {:ok, fun} when is_function(fun, 2) -> {:ok, fun}
+      {:ok, fun} when is_function(fun, 1) -> {:ok, fn _id, args -> fun.(args) end}
+      _ -> :error
+    end
+  end
+
+  defp run_callback(fun, id, args) do
+    fun.(id, args) |> normalize_result()
+  rescue
+    exception ->
+      {:error,
+       {:runtime_error,
+        "Elixir callback raised #{inspect(exception.__struct__)}: #{Exception.message(exception)}"}}
+  catch
+    :throw, value -> {:error, {:runtime_error, "Elixir callback threw: #{inspect(value)}"}}
+    :exit, reason -> {:error, {:runtime_error, "Elixir callback exited: #{inspect(reason)}"}}
+  end
+
+  defp normalize_result({:ok, results} = result) when is_list(results) do
+    if Enum.all?(results, &(is_binary(&1) or tensor?(&1))) do
+      {:ok, Enum.map(results, &to_binary/1)}
+    else
+      invalid(result)
+    end
+  end
+
+  defp normalize_result({:error, {kind, message}}) when is_atom(kind) and is_binary(message),
+    do: {:error, {kind, message}}
+
+  defp normalize_result({:error, {kind, message}}) when is_atom(kind),
+    do: {:error, {kind, inspect(message)}}
+
+  defp normalize_result({:error, reason}),
+    do: {:error, {:runtime_error, "Elixir callback error: #{inspect(reason)}"}}
+
+  defp normalize_result(other), do: invalid(other)
+
+  defp invalid(other) do
+    {:error,
+     {:runtime_error,
+      "expected the callback to return {:ok, [binary]} or {:error, {kind, message}}, " <>
+        "got: #{inspect(other, limit: 20, printable_limit: 100)}"}}
+  end
+
+  defp tensor?({bin, {_type, dims}}) when is_binary(bin) and is_list(dims), do: true
+  defp tensor?(_), do: false
+
+  defp to_binary(bin) when is_binary(bin), do: bin
+  defp to_binary({bin, {_type, _dims}}) when is_binary(bin), do: bin
+
+  defp to_binary(other),
+    do: raise(ArgumentError, "expected a binary or a tensor, got #{inspect(other)}")
+
+  # Checks the pushed binaries against what the infeed expects before answering with them.
+  defp reply_infeed(reply_to, out_spec, values) do
+    reply =
+      case check_infeed(out_spec, values) do
+        :ok -> {:ok, values}
+        {:error, message} -> {:error, {:argument_error, message}}
+      end
+
+    reply(reply_to, reply)
+  end
+
+  defp check_infeed(out_spec, values) when is_list(out_spec) do
+    expected =
+      Enum.map(out_spec, fn {type, dims} ->
+        Tensor.element_size(type) * Enum.reduce(dims, 1, &(&1 * &2))
+      end)
+
+    given = Enum.map(values, &byte_size/1)
+
+    if expected == given,
+      do: :ok,
+      else:
+        {:error,
+         "infeed expects #{length(expected)} value(s) of #{inspect(expected, charlists: :as_lists)} bytes " <>
+           "(#{inspect(out_spec)}), got #{length(given)} of #{inspect(given, charlists: :as_lists)} bytes"}
+  rescue
+    # A type this library does not know: let the node check the sizes.
+    _ -> :ok
+  end
+
+  defp check_infeed(_out_spec, _values), do: :ok
+
+  defp reply({pid, ref}, reply), do: send(pid, {ref, reply})
+
+  defp reply(tag, reply) do
+    Logger.error("#{inspect(__MODULE__)} cannot reply #{inspect(reply)} to tag #{inspect(tag)}")
+  end
+
+  defp deliver_outfeed(nil, _args), do: :ok
+
+  defp deliver_outfeed(fun, args) when is_function(fun, 1) do
+    fun.(args)
+  rescue
+    exception ->
+      Logger.error(
+        "#{inspect(__MODULE__)} outfeed handler raised: " <>
+          Exception.format(:error, exception, __STACKTRACE__)
+      )
+  end
+
+  defp deliver_outfeed(dest, args) do
+    send(dest, {:xla_outfeed, args})
+  rescue
+    # A name that is not registered (any more).
+    ArgumentError ->
+      Logger.error("#{inspect(__MODULE__)} outfeed destination #{inspect(dest)} is not alive")
+  end
+end
