@@ -87,6 +87,13 @@ dier =
     end
   end)
 
+mortal =
+  spawn(fn ->
+    receive do
+      :die -> exit(:bye)
+    end
+  end)
+
 case role do
   "server" ->
     cb = spawn(fn -> CB.loop(%{}, which) end)
@@ -104,7 +111,7 @@ case role do
     Process.register(halter, :halter)
 end
 
-send({ctl, our}, {:hello, node(), Process.whereis(:cb) || dier, dier})
+send({ctl, our}, {:hello, node(), Process.whereis(:cb) || dier, dier, mortal})
 Node.monitor(our, true)
 
 receive do
@@ -120,6 +127,8 @@ struct Peer {
     node: String,
     cb: Pid,
     dier: Pid,
+    /// Exits with reason `:bye` when sent `:die`.
+    mortal: Pid,
     child: Mutex<Child>,
 }
 
@@ -213,6 +222,7 @@ fn start_peer(node: &Node, sname: &str, role: &str, which: i32) -> Peer {
                     node: as_atom(&t.elements[1]).unwrap().to_string(),
                     cb: pid(2),
                     dier: pid(3),
+                    mortal: pid(4),
                     child: Mutex::new(child),
                 };
             }
@@ -579,6 +589,31 @@ fn requester_death_abandons_the_run() {
     let err = run_err(&add, &[h, x4()]);
     assert!(t.elapsed() < Duration::from_secs(1));
     assert!(err.contains("abandoned"), "{err}");
+}
+
+#[test]
+fn remote_requester_death_abandons_the_run() {
+    let e = env();
+    let mortal = e.a.mortal.clone();
+    let run = e
+        .dispatcher
+        .open_run(Some(e.cb(&e.b)), mortal.clone(), Duration::from_secs(20));
+    let exe = e.compile(&runtime_call_module(&atom("never"), CB8, F4));
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let p = env().node.spawn_process();
+        p.send(Dest::Pid(mortal), atom("die"));
+    });
+    let t = Instant::now();
+    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    killer.join().unwrap();
+    eprintln!("remote requester died: {err} after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let want = format!(
+        "the process that asked for the run, #PID<0.{}.{}> on node {}, exited: bye",
+        e.a.mortal.id, e.a.mortal.serial, e.a.node
+    );
+    assert!(err.contains(&want), "{err}");
 }
 
 #[test]

@@ -34,8 +34,7 @@ defmodule XlaNode.ClientTest do
   end
 
   # EXLA's form of a host callback: operand 0 is the u8[8] callback handle the node supplies,
-  # `callback_id` is term_to_binary(id) zero-padded to whole 64-bit words, read native-endian,
-  # and `callback_id_size` its unpadded size.
+  # `callback_id` is term_to_binary(id) zero-padded to whole 64-bit words, read native-endian.
   defp callback_mlir(id, type \\ "tensor<4xf32>") do
     bin = :erlang.term_to_binary(id)
     padded = bin <> :binary.copy(<<0>>, rem(8 - rem(byte_size(bin), 8), 8))
@@ -50,8 +49,6 @@ defmodule XlaNode.ClientTest do
   end
 
   defp f32(list), do: Tensor.from_list(list, {:f, 32})
-
-  defp neg(x), do: x |> Tensor.to_list() |> Enum.map(&(-&1)) |> f32()
 
   describe "compile and run" do
     test "compile!/run! x + 1 on f32[4]", %{node: node} do
@@ -161,6 +158,8 @@ defmodule XlaNode.ClientTest do
       assert {:error, %Error{kind: :noproc}} = XlaNode.ping({:not_xla, node})
     end
 
+    # Starts a node of its own: slow on a loaded machine.
+    @tag :slow
     test "a node that dies during a run gives :nodedown to the caller" do
       xla = start_xla!()
       exe = XlaNode.compile!(xla.name, callback_mlir(:hang))
@@ -323,4 +322,6 @@ defmodule XlaNode.ClientTest do
       assert Tensor.to_list(a) == [7, 8, 9]
     end
   end
+
+  defp neg(x), do: x |> Tensor.to_list() |> Enum.map(&(-&1)) |> f32()
 end
