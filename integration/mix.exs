@@ -2,7 +2,8 @@ defmodule XlaNodeIntegration.MixProject do
   use Mix.Project
 
   # Multi-node integration tests for the `xla_node` binary: real epmd, real BEAM peer nodes,
-  # real TCP. No dependencies (hex.pm is not reachable). See test/test_helper.exs for how to run.
+  # real TCP. The only dependency is the client library next door, by path (hex.pm is not
+  # reachable). See test/test_helper.exs for how to run.
   def project do
     [
       app: :xla_node_integration,
@@ -10,7 +11,7 @@ defmodule XlaNodeIntegration.MixProject do
       elixir: "~> 1.14",
       elixirc_paths: elixirc_paths(Mix.env()),
       start_permanent: false,
-      deps: [],
+      deps: [{:xla_node_client, path: "../elixir_client"}],
       preferred_cli_env: [test: :test]
     ]
   end

@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
         .thread_stack_size(16 << 20)
         .build()?;
     runtime.block_on(async move {
-        let node = Node::start(config).await?;
+        let node = Node::bind(config).await?;
         let server = server::start(
             &node,
             ServerConfig {
@@ -92,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                 callback_timeout: Duration::from_secs(cli.callback_timeout),
             },
         )?;
+        node.start_accepting();
         wait_for_signal().await?;
         tracing::info!("shutting down");
         node.shutdown().await;

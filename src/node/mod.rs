@@ -88,6 +88,7 @@ pub(crate) struct NodeInner {
     shutdown: CancellationToken,
     listen_addr: SocketAddr,
     registration: Mutex<Option<epmd::Registration>>,
+    listener: Mutex<Option<TcpListener>>,
 }
 
 #[derive(Default)]
@@ -110,6 +111,15 @@ impl Node {
     /// Registers with EPMD (starting it if needed), listens for peers and starts accepting.
     /// Must be called inside a tokio runtime.
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
+        let node = Node::bind(config).await?;
+        node.start_accepting();
+        Ok(node)
+    }
+
+    /// Like [`Node::start`] but does not accept connections yet, so that processes peers will
+    /// call (such as `:xla`) can be registered first; call [`Node::start_accepting`] then.
+    /// Peers that connect in between wait in the listen backlog.
+    pub async fn bind(config: NodeConfig) -> Result<Node, StartError> {
         let Some((alive, _host)) = config.name.split_once('@') else {
             return Err(StartError::BadName(config.name.clone()));
         };
@@ -145,11 +155,29 @@ impl Node {
                 shutdown: CancellationToken::new(),
                 listen_addr,
                 registration: Mutex::new(Some(registration)),
+                listener: Mutex::new(None),
             }),
         };
-        tokio::spawn(peers::accept_loop(node.clone(), listener));
+        *node
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(listener);
         tracing::info!(node = %config.name, port = listen_addr.port(), creation = node.creation(), "node up (hidden)");
         Ok(node)
+    }
+
+    /// Starts accepting peers' connections (once; later calls do nothing).
+    pub fn start_accepting(&self) {
+        if let Some(listener) = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            tokio::spawn(peers::accept_loop(self.clone(), listener));
+        }
     }
 
     pub fn name(&self) -> &str {

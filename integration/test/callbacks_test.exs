@@ -1,0 +1,207 @@
+defmodule XlaNode.CallbacksTest do
+  @moduledoc """
+  Host callbacks through the `:xla` server, as a user runs them: a module in EXLA's exact form,
+  run from one BEAM node, calling back into processes on other BEAM nodes, with every failure
+  ending the run with a clear error instead of a hang.
+  """
+  use ExUnit.Case, async: true
+
+  alias XlaNode.Harness
+  alias XlaNode.CallbacksTest.Servers
+
+  # Callback servers, shipped to the peer node (a third node: the xla node dials it itself).
+  @servers """
+  defmodule XlaNode.CallbacksTest.Servers do
+    def add_one(register \\\\ nil) do
+      pid = spawn(fn -> add_one_loop() end)
+      if register, do: Process.register(pid, register)
+      pid
+    end
+
+    defp add_one_loop do
+      receive do
+        {:exla_runtime_call, id, [{bin, {{:f, 32}, dims}}], {pid, ref}} ->
+          out = for <<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>
+          send(pid, {ref, {:ok, [out]}})
+          send_seen(id, dims)
+      end
+
+      add_one_loop()
+    end
+
+    defp send_seen(id, dims), do: :persistent_term.put({:seen, id}, dims)
+    def seen(id), do: :persistent_term.get({:seen, id}, nil)
+
+    def replying(reply) do
+      spawn(fn ->
+        receive do
+          {:exla_runtime_call, _id, _args, {pid, ref}} -> send(pid, {ref, reply})
+        end
+      end)
+    end
+
+    def dying_on_call(reason) do
+      spawn(fn ->
+        receive do
+          {:exla_runtime_call, _id, _args, _tag} -> exit(reason)
+        end
+      end)
+    end
+
+    def silent, do: spawn(fn -> Process.sleep(:infinity) end)
+  end
+  """
+
+  setup_all do
+    node = Harness.start_node(cleanup: false)
+    Harness.connect!(node)
+    peer = Harness.start_peer(nil, [], cleanup: false)
+    [{Servers, servers_binary}] = Code.compile_string(@servers)
+    {:module, _} = Harness.peer_call(peer, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
+
+    on_exit(fn ->
+      Harness.stop_peer(peer)
+      Harness.stop_node(node, "KILL")
+    end)
+
+    %{node: node, peer: peer, servers_binary: servers_binary}
+  end
+
+  # A module in EXLA's exact form: the callback server's u8[8] is parameter 0.
+  defp exla_module(id, shape \\ "tensor<4xf32>") do
+    idbin = :erlang.term_to_binary(id)
+    padded = idbin <> :binary.copy(<<0>>, rem(8 - rem(byte_size(idbin), 8), 8))
+    words = for <<w::signed-native-64 <- padded>>, do: w
+
+    """
+    func.func @main(%cb: tensor<8xui8>, %x: #{shape}) -> #{shape} {
+      %r = stablehlo.custom_call @exla_runtime_callback(%cb, %x) {api_version = 4 : i32, has_side_effect = true, backend_config = {callback_id = array<i64: #{Enum.join(words, ", ")}>, callback_id_size = #{byte_size(idbin)} : ui64, num_aliased_data_outputs = 0 : ui64}} : (tensor<8xui8>, #{shape}) -> #{shape}
+      return %r : #{shape}
+    }
+    """
+  end
+
+  defp f32(list), do: {for(v <- list, into: <<>>, do: <<v::float-32-little>>), {{:f, 32}, [length(list)]}}
+  defp to_f32(bin), do: for(<<v::float-32-little <- bin>>, do: v)
+  defp call(node, request, timeout \\ 30_000), do: GenServer.call({:xla, node.name}, request, timeout)
+  defp on_peer(peer, fun, args), do: Harness.peer_call(peer, Servers, fun, args)
+
+  defp compile!(node, mlir) do
+    {:ok, exe} = call(node, {:compile, mlir})
+    exe
+  end
+
+  test "a callback reaches a process on a third node, by pid and by {name, node}", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module({:add_one, 1}))
+    server = on_peer(peer, :add_one, [:cb_add_one])
+
+    assert {:ok, [{bin, {{:f, 32}, [4]}}]} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
+    assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
+    assert on_peer(peer, :seen, [{:add_one, 1}]) == [4]
+
+    assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([0.0, 0.0, 0.0, 0.0])], [callback_server: {:cb_add_one, peer.node}]})
+    assert to_f32(bin) == [1.0, 1.0, 1.0, 1.0]
+    assert node.name in Harness.peer_call(peer, Node, :list, [:hidden])
+  end
+
+  test "a callback server on the node that asked for the run, by registered name", %{node: node} do
+    exe = compile!(node, exla_module(:local_name))
+    name = :"cb_local_#{System.unique_integer([:positive])}"
+
+    pid =
+      spawn(fn ->
+        receive do
+          {:exla_runtime_call, :local_name, [{bin, {{:f, 32}, [4]}}], {pid, ref}} -> send(pid, {ref, {:ok, [bin]}})
+        end
+      end)
+
+    Process.register(pid, name)
+    assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([5.0, 6.0, 7.0, 8.0])], [callback_server: name]})
+    assert to_f32(bin) == [5.0, 6.0, 7.0, 8.0]
+  end
+
+  test "wrong reply size and error replies fail the run with clear errors", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:checked))
+
+    server = on_peer(peer, :replying, [{:ok, [<<1, 2, 3>>]}])
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
+    assert m =~ ":checked" and m =~ "16" and m =~ "3"
+
+    server = on_peer(peer, :replying, [{:error, {:argument_error, "shape mismatch"}}])
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
+    assert m =~ "elixir callback returned argument_error: shape mismatch"
+
+    assert call(node, :ping) == :pong
+  end
+
+  test "a callback server that dies mid-wait fails the run at once, naming it", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:dies))
+    server = on_peer(peer, :dying_on_call, [:boom])
+    {us, reply} = :timer.tc(fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 20_000]}) end)
+    assert {:error, {:runtime_error, m}} = reply
+    assert m =~ "boom" and m =~ Atom.to_string(peer.node)
+    assert us < 10_000_000, "the run waited for the timeout instead of noticing the exit"
+
+    unregistered = {:nobody_here, peer.node}
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: unregistered, callback_timeout: 20_000]})
+    assert m =~ "noproc"
+  end
+
+  test "a silent callback server times out", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:silent))
+    server = on_peer(peer, :silent, [])
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 300]})
+    assert m =~ "timed out"
+    assert call(node, :ping) == :pong
+  end
+
+  test "a callback server whose node goes down fails the run at once", %{node: node, servers_binary: servers_binary} do
+    exe = compile!(node, exla_module(:node_down))
+    other = Harness.start_peer()
+    {:module, _} = Harness.peer_call(other, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
+    server = Harness.peer_call(other, Servers, :silent, [])
+    task = Task.async(fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 30_000]}, 60_000) end)
+    Process.sleep(500)
+    Harness.signal_peer(other, "KILL")
+    assert {:error, {:runtime_error, m}} = Task.await(task, 20_000)
+    assert m =~ "noconnection" or m =~ "down"
+  end
+
+  test "without a callback server the run fails with a clear error", %{node: node} do
+    exe = compile!(node, exla_module(:nobody))
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])]})
+    assert m =~ "callback_server"
+  end
+
+  test "many concurrent runs with callbacks to two nodes are all correct", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:many))
+    remote = on_peer(peer, :add_one, [])
+
+    local =
+      spawn_link(fn ->
+        loop = fn loop ->
+          receive do
+            {:exla_runtime_call, :many, [{bin, _}], {pid, ref}} ->
+              out = for <<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>
+              send(pid, {ref, {:ok, [out]}})
+          end
+
+          loop.(loop)
+        end
+
+        loop.(loop)
+      end)
+
+    1..200
+    |> Task.async_stream(
+      fn i ->
+        server = if rem(i, 2) == 0, do: remote, else: local
+        {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
+        {i, to_f32(bin)}
+      end,
+      max_concurrency: 16,
+      timeout: 60_000
+    )
+    |> Enum.each(fn {:ok, {i, out}} -> assert out == [i + 1.0, 1.0, 1.0, 1.0] end)
+  end
+end
