@@ -275,7 +275,7 @@ defmodule XlaNode.Harness do
     end
   end
 
-  @doc "Everything the node wrote to stderr (and stdout) so far."
+  @doc "Everything the node wrote to stderr (and stdout) so far, without ANSI colour codes."
   def log(%{owner: owner}), do: GenServer.call(owner, :log)
 
   @doc "The log as a list of lines."
@@ -573,7 +573,11 @@ defmodule XlaNode.Harness.NodeProc do
   @impl true
   def handle_call(:os_pid, _from, s), do: {:reply, s.os_pid, s}
   def handle_call(:port, _from, s), do: {:reply, s.port, s}
-  def handle_call(:log, _from, s), do: {:reply, IO.iodata_to_binary(Enum.reverse(s.log)), s}
+  def handle_call(:log, _from, s) do
+    log = s.log |> Enum.reverse() |> IO.iodata_to_binary()
+    # Colour codes (tracing's default on some terminals) would split words tests look for.
+    {:reply, String.replace(log, ~r/\e\[[0-9;]*m/, ""), s}
+  end
   def handle_call(:exit_status, _from, s), do: {:reply, s.status, s}
 
   def handle_call({:await_exit, timeout}, from, s) do

@@ -154,12 +154,18 @@ defmodule XlaNode.Harness.RawDist do
   end
 
   @doc "Receives the next non-tick frame, decoded as `{:ok, control, payload | nil}`."
-  def recv_message(%__MODULE__{socket: s} = conn, timeout \\ 5_000) do
-    with {:ok, <<len::32>>} <- :gen_tcp.recv(s, 4, timeout) do
+  def recv_message(%__MODULE__{} = conn, timeout \\ 5_000) do
+    recv_until(conn, System.monotonic_time(:millisecond) + timeout)
+  end
+
+  defp recv_until(%__MODULE__{socket: s} = conn, deadline) do
+    left = max(deadline - System.monotonic_time(:millisecond), 0)
+
+    with {:ok, <<len::32>>} <- :gen_tcp.recv(s, 4, left) do
       if len == 0 do
-        recv_message(conn, timeout)
+        recv_until(conn, deadline)
       else
-        with {:ok, body} <- :gen_tcp.recv(s, len, timeout), do: decode(body)
+        with {:ok, body} <- :gen_tcp.recv(s, len, max(left, 1_000)), do: decode(body)
       end
     end
   end
