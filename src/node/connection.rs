@@ -55,8 +55,12 @@ pub async fn run(
 }
 
 async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Duration) -> String {
-    let mut reader = BufReader::with_capacity(256 * 1024, half);
+    // Small enough that reads of whole 64 KiB fragments bypass it (no extra copy), large enough
+    // to gather many small frames per syscall.
+    let mut reader = BufReader::with_capacity(16 * 1024, half);
     let mut decoder = FrameDecoder::default();
+    // Reused for every frame that is not a continuation fragment.
+    let mut body: Vec<u8> = Vec::new();
     loop {
         let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
             Err(_) => return format!("no data for net_ticktime ({ticktime:?})"),
@@ -70,18 +74,51 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
             tracing::warn!(%peer, "frame of {len} bytes exceeds the limit; dropping the connection");
             return format!("frame of {len} bytes");
         }
-        // Grow as bytes arrive rather than trusting the length up front.
-        let mut body = Vec::with_capacity(len.min(1 << 20));
-        match tokio::time::timeout(
-            ticktime,
-            (&mut reader).take(len as u64).read_to_end(&mut body),
-        )
-        .await
-        {
-            Ok(Ok(n)) if n == len => {}
-            Ok(Ok(n)) => return format!("connection closed inside a frame ({n} of {len} bytes)"),
-            Ok(Err(e)) => return format!("connection closed ({e})"),
-            Err(_) => return "frame body stalled for net_ticktime".to_string(),
+        // Continuation fragments (`131 'F'`, 18-byte header) go from the socket straight into
+        // their message's buffer: large transfers are copied once here instead of twice.
+        if len > 18 {
+            let mut head = [0u8; 18];
+            if let Err(e) = read_exact_within(&mut reader, &mut head, ticktime).await {
+                return e;
+            }
+            if head[..2] == [131, b'F'] {
+                let (seq, id) = frame::fragment_ids(&head).expect("18-byte header");
+                let rest = len - 18;
+                let buffer = match decoder.continuation(seq, id, rest) {
+                    Ok(buffer) => buffer,
+                    Err(e) => {
+                        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
+                        return format!("malformed frame: {e}");
+                    }
+                };
+                if let Err(e) = read_to_end_within(&mut reader, buffer, rest, ticktime).await {
+                    return e;
+                }
+                match decoder.continued(seq) {
+                    Ok(None) => continue,
+                    Ok(Some(message)) => {
+                        if let Err(e) = signals::handle(node, peer, message) {
+                            tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
+                            return format!("malformed control message: {e}");
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
+                        return format!("malformed frame: {e}");
+                    }
+                }
+            }
+            body.clear();
+            body.extend_from_slice(&head);
+            if let Err(e) = read_to_end_within(&mut reader, &mut body, len - 18, ticktime).await {
+                return e;
+            }
+        } else {
+            body.clear();
+            if let Err(e) = read_to_end_within(&mut reader, &mut body, len, ticktime).await {
+                return e;
+            }
         }
         let message = match decoder.decode(&body) {
             Ok(Some(m)) => m,
@@ -159,6 +196,38 @@ impl Lanes {
                 self.order.push_back(sender);
             }
         }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes, or says why the connection ends.
+async fn read_exact_within(
+    reader: &mut BufReader<OwnedReadHalf>,
+    buf: &mut [u8],
+    limit: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, reader.read_exact(buf)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("connection closed inside a frame ({e})")),
+        Err(_) => Err("frame stalled for net_ticktime".to_string()),
+    }
+}
+
+/// Appends exactly `len` bytes to `buf`, growing it as bytes arrive rather than trusting the
+/// length up front.
+async fn read_to_end_within(
+    reader: &mut BufReader<OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+    len: usize,
+    limit: Duration,
+) -> Result<(), String> {
+    buf.reserve(len.min(1 << 20));
+    match tokio::time::timeout(limit, reader.take(len as u64).read_to_end(buf)).await {
+        Ok(Ok(n)) if n == len => Ok(()),
+        Ok(Ok(n)) => Err(format!(
+            "connection closed inside a frame ({n} of {len} bytes)"
+        )),
+        Ok(Err(e)) => Err(format!("connection closed ({e})")),
+        Err(_) => Err("frame stalled for net_ticktime".to_string()),
     }
 }
 

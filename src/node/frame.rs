@@ -114,22 +114,9 @@ impl FrameDecoder {
             }
             [VERSION_MAGIC, DIST_FRAG_CONT, ..] => {
                 let (seq, id) = fragment_ids(body)?;
-                let Some(partial) = self.in_progress.get_mut(&seq) else {
-                    return Err(FrameError::FragmentOrder { seq, id });
-                };
-                if partial.next_id != id {
-                    return Err(FrameError::FragmentOrder { seq, id });
-                }
-                if partial.data.len() + body.len() > MAX_MESSAGE_SIZE {
-                    return Err(FrameError::TooLarge);
-                }
-                partial.data.extend_from_slice(&body[18..]);
-                partial.next_id -= 1;
-                if id > 1 {
-                    return Ok(None);
-                }
-                let done = self.in_progress.remove(&seq).expect("present above");
-                decode_message(&done.data).map(Some)
+                self.continuation(seq, id, body.len() - 18)?
+                    .extend_from_slice(&body[18..]);
+                self.continued(seq)
             }
             _ => Err(FrameError::UnknownType(
                 body.iter().take(8).copied().collect(),
@@ -138,7 +125,43 @@ impl FrameDecoder {
     }
 }
 
-fn fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
+impl FrameDecoder {
+    /// For a `131 'F'` frame of sequence `seq` and fragment `id` carrying `len` bytes of data:
+    /// checks it continues a message in progress and returns the buffer its data is appended to,
+    /// so that the reader can move the bytes from the socket straight into it.
+    pub fn continuation(
+        &mut self,
+        seq: u64,
+        id: u64,
+        len: usize,
+    ) -> Result<&mut Vec<u8>, FrameError> {
+        let Some(partial) = self.in_progress.get_mut(&seq) else {
+            return Err(FrameError::FragmentOrder { seq, id });
+        };
+        if partial.next_id != id || id == 0 {
+            return Err(FrameError::FragmentOrder { seq, id });
+        }
+        if partial.data.len() + len > MAX_MESSAGE_SIZE {
+            return Err(FrameError::TooLarge);
+        }
+        partial.next_id -= 1;
+        Ok(&mut partial.data)
+    }
+
+    /// After a continuation's data was appended: the message, if that was its last fragment.
+    pub fn continued(&mut self, seq: u64) -> Result<Option<Message>, FrameError> {
+        if self.in_progress.get(&seq).is_some_and(|p| p.next_id > 0) {
+            return Ok(None);
+        }
+        match self.in_progress.remove(&seq) {
+            Some(done) => decode_message(&done.data).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Sequence and fragment ids of a fragment frame (`131 'E'|'F' Seq:64 Id:64`).
+pub fn fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
     let seq = body.get(2..10).ok_or(TermError::Truncated(2))?;
     let id = body.get(10..18).ok_or(TermError::Truncated(10))?;
     Ok((

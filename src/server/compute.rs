@@ -5,7 +5,7 @@
 //! straight: tensors arrive in the request, are checked against the executable's parameters,
 //! copied to the device, executed, and the results go back in the reply.
 
-use super::resources::{Owner, Resource, Resources};
+use super::resources::{Owner, Program, Resource, Resources};
 use crate::node::gen::{self, From};
 use crate::node::term::{
     as_atom, as_i64, as_list, as_tuple, atom, binary, error_kind, int, list, ok,
@@ -44,6 +44,13 @@ struct RunOptions {
     callback_server: Option<Dest>,
     callback_timeout: Duration,
 }
+
+/// Runs at most this long (as last measured, upload and download included) may execute on the
+/// server's own task instead of an executor thread.
+const INLINE_MAX_RUN_US: u64 = 50;
+
+/// ... and only with this many bytes of host arguments at most.
+const INLINE_MAX_BYTES: usize = 64 * 1024;
 
 fn argument_error(message: impl Into<String>) -> Term {
     error_kind("argument_error", message)
@@ -128,12 +135,17 @@ impl Compute {
                 Err(e) => return self.reply(&from, argument_error(e)),
             }
         }
+        let calls_back = Program::mentions_callbacks(&program);
         let this = self.clone();
         self.executor.submit(Box::new(move || {
             let reply = match this.executor.compile(program) {
-                Ok((exe, _cache_hit)) => ok(Term::from(
-                    this.register(Resource::Executable(exe), &from.pid),
-                )),
+                Ok((exe, _cache_hit)) => {
+                    let program = Program::new(exe, calls_back);
+                    ok(Term::from(this.register(
+                        Resource::Executable(Arc::new(program)),
+                        &from.pid,
+                    )))
+                }
                 Err(e) => xla_error(&e),
             };
             this.reply(&from, reply);
@@ -143,7 +155,7 @@ impl Compute {
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     pub fn run(&self, from: From, exe: Term, args: Term, opts: Option<Term>) {
         let prepared = (|| {
-            let Resource::Executable(exe) = self.lookup(&exe)? else {
+            let Resource::Executable(program) = self.lookup(&exe)? else {
                 return Err(format!("{exe} is a buffer, not an executable"));
             };
             let Term::List(args) = args else {
@@ -174,24 +186,52 @@ impl Compute {
                 })
                 .collect::<Result<Vec<Arg>, String>>()?;
             let opts = self.run_options(opts)?;
-            Ok((exe, args, opts))
+            Ok((program, args, opts))
         })();
-        let (exe, args, opts) = match prepared {
+        let (program, args, opts) = match prepared {
             Ok(p) => p,
             Err(e) => return self.reply(&from, argument_error(e)),
         };
+        // Programs that recently ran in a few microseconds, with small arguments and no host
+        // callbacks, run right here: handing them to an executor thread and replying from there
+        // would cost two cross-thread wake-ups, several times the run itself.
+        let small_args = args
+            .iter()
+            .map(|a| {
+                if let Arg::Host(t) = a {
+                    t.data.len()
+                } else {
+                    0
+                }
+            })
+            .sum::<usize>()
+            <= INLINE_MAX_BYTES;
+        let inline = !program.calls_back
+            && small_args
+            && program.last_run_us.load(Ordering::Relaxed) <= INLINE_MAX_RUN_US;
+        if inline {
+            return self.run_and_reply(&program, args, &opts, &from);
+        }
         let this = self.clone();
         self.executor.submit(Box::new(move || {
-            this.runs.0.fetch_add(1, Ordering::Relaxed);
-            let reply = match this.execute(&exe, args, &opts, &from.pid) {
-                Ok(results) => ok(list(results)),
-                Err(e) => {
-                    this.runs.1.fetch_add(1, Ordering::Relaxed);
-                    xla_error(&e)
-                }
-            };
-            this.reply(&from, reply);
+            this.run_and_reply(&program, args, &opts, &from)
         }));
+    }
+
+    fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
+        let started = std::time::Instant::now();
+        self.runs.0.fetch_add(1, Ordering::Relaxed);
+        let reply = match self.execute(&program.exe, args, opts, &from.pid) {
+            Ok(results) => ok(list(results)),
+            Err(e) => {
+                self.runs.1.fetch_add(1, Ordering::Relaxed);
+                xla_error(&e)
+            }
+        };
+        program
+            .last_run_us
+            .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.reply(from, reply);
     }
 
     fn run_options(&self, opts: Option<Term>) -> Result<RunOptions, String> {

@@ -10,14 +10,41 @@ use crate::node::term::ref_key;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 type Key = (String, Vec<u32>, u32);
 
 #[derive(Clone)]
 pub enum Resource {
-    Executable(Arc<Executable>),
+    Executable(Arc<Program>),
     Buffer(Arc<Buffer>),
+}
+
+/// A compiled executable with what the server learns about it while running it.
+pub struct Program {
+    pub exe: Arc<Executable>,
+    /// The module mentions a host-callback target: its runs may block waiting for replies, so
+    /// they always go to executor threads.
+    pub calls_back: bool,
+    /// Duration of the latest run in microseconds (`u64::MAX` before the first).
+    pub last_run_us: AtomicU64,
+}
+
+impl Program {
+    pub fn new(exe: Arc<Executable>, calls_back: bool) -> Program {
+        Program {
+            exe,
+            calls_back,
+            last_run_us: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Whether a module's text or bytecode names a host-callback target.
+    pub fn mentions_callbacks(source: &[u8]) -> bool {
+        let mentions = |needle: &[u8]| source.windows(needle.len()).any(|w| w == needle);
+        mentions(b"exla_runtime_callback") || mentions(b"exla_beam_")
+    }
 }
 
 #[derive(Default)]
