@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs every test: formatting and lints, the Rust unit
-# and executor tests (real PJRT plugin), and the multi-node integration suite (real epmd, real
-# BEAM nodes, the release binary).
+# Sets everything up (scripts/setup.sh) and runs every test: formatting and lints, the Rust unit,
+# executor and callback tests (real PJRT plugin, real Elixir peers), the Elixir client's unit
+# tests, and the multi-node integration suite (real epmd, real BEAM nodes, the release binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,6 +14,8 @@ if cargo clippy --version >/dev/null 2>&1; then
 fi
 
 cargo test --release
+
+(cd elixir_client && MIX_ENV=test mix test </dev/null)
 
 epmd -daemon
 cd integration
