@@ -105,6 +105,7 @@ type RefKey = (String, Vec<u32>, u32);
 struct RemoteMonitor {
     owner: Pid,
     target: Dest,
+    reference: Reference,
 }
 
 impl Node {
@@ -392,12 +393,7 @@ impl Node {
         let reference = self.make_ref();
         let node = target.node(self.name()).to_string();
         if node == self.name() {
-            let target_ref = match &target {
-                Dest::Pid(p) => ProcRef::Pid(p.clone()),
-                Dest::Name(n) | Dest::Remote { name: n, .. } => {
-                    ProcRef::Name(Atom::from(n.as_str()))
-                }
-            };
+            let target_ref = target.proc_ref();
             let mut state = self.state();
             let object = target.to_term(self.name());
             match Self::resolve_local(&state, self.creation(), &target_ref) {
@@ -425,17 +421,13 @@ impl Node {
             }
             return reference;
         }
-        let to = match &target {
-            Dest::Pid(p) => ProcRef::Pid(p.clone()),
-            Dest::Remote { name, .. } | Dest::Name(name) => {
-                ProcRef::Name(Atom::from(name.as_str()))
-            }
-        };
+        let to = target.proc_ref();
         self.state().remote_monitors.insert(
             ref_key(&reference),
             RemoteMonitor {
                 owner: owner.clone(),
                 target,
+                reference: reference.clone(),
             },
         );
         self.send_control(
@@ -456,10 +448,7 @@ impl Node {
         if let Some(m) = state.remote_monitors.remove(&ref_key(reference)) {
             drop(state);
             let node = m.target.node(self.name()).to_string();
-            let to = match m.target {
-                Dest::Pid(p) => ProcRef::Pid(p),
-                Dest::Remote { name, .. } | Dest::Name(name) => ProcRef::Name(Atom::from(name)),
-            };
+            let to = m.target.proc_ref();
             self.send_control(
                 owner,
                 &node,
@@ -503,36 +492,23 @@ impl Node {
             state.names.remove(name);
         }
         // Monitors this process held: remote ones are cancelled at the peer, local ones dropped.
-        let held: Vec<(Reference, Dest)> = state
+        let held: Vec<RemoteMonitor> = state
             .remote_monitors
-            .iter()
-            .filter(|(_, m)| &m.owner == pid)
-            .map(|(k, m)| {
-                (
-                    Reference {
-                        node: Atom::from(k.0.as_str()),
-                        id: k.1.clone(),
-                        creation: k.2,
-                    },
-                    m.target.clone(),
-                )
-            })
+            .extract_if(|_, m| &m.owner == pid)
+            .map(|(_, m)| m)
             .collect();
-        for (reference, _) in &held {
-            state.remote_monitors.remove(&ref_key(reference));
-        }
         for other in state.processes.values_mut() {
             other.watchers.retain(|w| &w.pid != pid);
             other.links.retain(|l| l != pid);
         }
         drop(state);
 
-        for (reference, target) in held {
+        for RemoteMonitor {
+            target, reference, ..
+        } in held
+        {
             let node = target.node(self.name()).to_string();
-            let to = match target {
-                Dest::Pid(p) => ProcRef::Pid(p),
-                Dest::Remote { name, .. } | Dest::Name(name) => ProcRef::Name(Atom::from(name)),
-            };
+            let to = target.proc_ref();
             self.send_control(
                 pid,
                 &node,
@@ -619,11 +595,11 @@ impl Node {
                 !gone
             });
         }
-        let fired: Vec<RefKey> = state
+        let fired: Vec<Reference> = state
             .remote_monitors
-            .iter()
-            .filter(|(_, m)| m.target.node(&self.inner.name.name) == node)
-            .map(|(k, _)| k.clone())
+            .values()
+            .filter(|m| m.target.node(&self.inner.name.name) == node)
+            .map(|m| m.reference.clone())
             .collect();
         drop(state);
         for (local, remote) in exits {
@@ -636,12 +612,7 @@ impl Node {
                 },
             );
         }
-        for key in fired {
-            let reference = Reference {
-                node: Atom::from(key.0.as_str()),
-                id: key.1,
-                creation: key.2,
-            };
+        for reference in fired {
             self.fire_remote_monitor(&reference, atom("noconnection"));
         }
     }

@@ -6,6 +6,7 @@
 //! process with reason `normal`; [`Process::exit`] picks the reason. Termination fires the monitors
 //! (`:DOWN` / MONITOR_P_EXIT) and links (EXIT) that peers placed on it.
 
+use super::control::ProcRef;
 use super::term::{atom, tuple};
 use super::Node;
 use eetf::{Pid, Reference, Term};
@@ -79,6 +80,16 @@ impl Dest {
             Dest::Pid(p) => &p.node.name,
             Dest::Name(_) => local,
             Dest::Remote { node, .. } => node,
+        }
+    }
+
+    /// How MONITOR_P / DEMONITOR_P name the destination on its node.
+    pub(crate) fn proc_ref(&self) -> ProcRef {
+        match self {
+            Dest::Pid(p) => ProcRef::Pid(p.clone()),
+            Dest::Name(name) | Dest::Remote { name, .. } => {
+                ProcRef::Name(eetf::Atom::from(name.as_str()))
+            }
         }
     }
 

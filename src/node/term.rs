@@ -7,7 +7,7 @@
 //! it finds where a term ends, rejects unknown or unsupported tags, checks every length against the
 //! bytes that are really there and bounds the nesting depth. Only then is the slice handed to eetf.
 
-use eetf::{Atom, Binary, FixInteger, List, Pid, Reference, Term, Tuple};
+use eetf::{Atom, Binary, FixInteger, List, Reference, Term, Tuple};
 use std::io::Read;
 
 /// Deepest nesting of containers accepted from the network. The BEAM has no such limit, but the
@@ -423,11 +423,6 @@ pub fn as_list(term: &Term) -> Option<Vec<Term>> {
     }
 }
 
-/// Equality on references by value (eetf's derives compare the same fields).
-pub fn same_pid(a: &Pid, b: &Pid) -> bool {
-    a == b
-}
-
 /// Key under which references are stored in tables.
 pub fn ref_key(r: &Reference) -> (String, Vec<u32>, u32) {
     (r.node.name.clone(), r.id.clone(), r.creation)
@@ -447,7 +442,7 @@ mod tests {
             atom("héllo"),
             int(1 << 40),
             list(vec![int(1), binary(vec![1, 2, 3])]),
-            Term::from(Pid::new("a@b", 1, 2, 3)),
+            Term::from(eetf::Pid::new("a@b", 1, 2, 3)),
         ]);
         assert_eq!(roundtrip(&t), t);
     }
