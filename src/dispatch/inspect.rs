@@ -97,6 +97,19 @@ fn truncate(mut s: String) -> String {
     s
 }
 
+/// Comma-separated byte values, cut off once the text is long enough.
+fn write_bytes(bytes: &[u8], out: &mut String) {
+    for (i, byte) in bytes.iter().enumerate() {
+        if out.len() > MAX_LEN {
+            break;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{byte}");
+    }
+}
+
 fn write_seq<'a>(items: impl Iterator<Item = &'a Term>, out: &mut String) {
     for (i, t) in items.enumerate() {
         if out.len() > MAX_LEN {
@@ -142,15 +155,7 @@ fn write_term(term: &Term, out: &mut String) {
             }
             _ => {
                 out.push_str("<<");
-                for (i, byte) in b.bytes.iter().enumerate() {
-                    if out.len() > MAX_LEN {
-                        break;
-                    }
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    let _ = write!(out, "{byte}");
-                }
+                write_bytes(&b.bytes, out);
                 out.push_str(">>");
             }
         },
@@ -168,15 +173,7 @@ fn write_term(term: &Term, out: &mut String) {
         }
         Term::ByteList(b) => {
             out.push('[');
-            for (i, byte) in b.bytes.iter().enumerate() {
-                if out.len() > MAX_LEN {
-                    break;
-                }
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                let _ = write!(out, "{byte}");
-            }
+            write_bytes(&b.bytes, out);
             out.push(']');
         }
         Term::Tuple(t) => {

@@ -176,9 +176,6 @@ fn handle_call(process: &Process, compute: &Compute, from: From, request: Term) 
             tokio::spawn(echo_loop(worker));
             ok(pid)
         }
-        Term::Tuple(t) if t.elements.len() == 2 && as_atom(&t.elements[0]) == Some("echo") => {
-            t.elements[1].clone()
-        }
         _ => error_kind("bad_request", format!("unknown request {request}")),
     };
     gen::reply(process, &from, reply);
