@@ -15,7 +15,9 @@ use super::frame::{self, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;
 use super::peers::Outgoing;
 use super::{flags, signals, Node};
+use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -137,7 +139,7 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
 
 /// A sender's messages that must wait behind one of its messages being sent in fragments.
 enum Unit {
-    Frame(Vec<u8>),
+    Frame(Bytes),
     Fragments(Fragmenter),
 }
 
@@ -164,25 +166,34 @@ impl Lanes {
         self.lanes.get(&sender).is_some_and(|l| !l.is_empty())
     }
 
-    /// Writes, for each lane in turn, its leading whole frames and one fragment.
-    fn write_round(&mut self, out: &mut Vec<u8>) {
+    /// Adds, for each lane in turn, its leading whole frames and a batch of fragments.
+    fn write_round(&mut self, out: &mut Batch) {
         for _ in 0..self.order.len() {
             let sender = self.order.pop_front().expect("counted");
             let lane = self.lanes.get_mut(&sender).expect("ordered lanes exist");
             while let Some(unit) = lane.front_mut() {
                 match unit {
-                    Unit::Frame(bytes) => {
-                        out.extend_from_slice(bytes);
+                    Unit::Frame(frame) => {
+                        out.put_frame(frame.clone());
                         lane.pop_front();
                     }
                     Unit::Fragments(f) => {
                         // Up to a batch of fragments per lane and round: few syscalls for a big
                         // transfer, while other lanes and new messages still get a turn.
-                        let mut more = true;
-                        while more && out.len() < BATCH_LIMIT {
-                            more = f.write_next(out);
+                        let mut done = false;
+                        while out.len() < BATCH_LIMIT {
+                            match f.next_fragment() {
+                                Some((head, data)) => {
+                                    out.put_slice(&head);
+                                    out.put_shared(data);
+                                }
+                                None => {
+                                    done = true;
+                                    break;
+                                }
+                            }
                         }
-                        if !more {
+                        if done {
                             lane.pop_front();
                             continue;
                         }
@@ -198,6 +209,78 @@ impl Lanes {
         }
     }
 }
+
+/// Bodies at least this large are written from where they are rather than copied into the batch.
+const SHARE_ABOVE: usize = 4096;
+
+/// What one write sends: small frames copied together, large bodies and fragment data referenced
+/// where they already are, all handed to one vectored write.
+#[derive(Default)]
+struct Batch {
+    small: BytesMut,
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn put_slice(&mut self, bytes: &[u8]) {
+        self.small.extend_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn put_shared(&mut self, bytes: Bytes) {
+        if !self.small.is_empty() {
+            self.chunks.push(self.small.split().freeze());
+        }
+        self.len += bytes.len();
+        self.chunks.push(bytes);
+    }
+
+    /// A whole frame: the length prefix, then the body.
+    fn put_frame(&mut self, body: Bytes) {
+        self.put_slice(&(body.len() as u32).to_be_bytes());
+        if body.len() >= SHARE_ABOVE {
+            self.put_shared(body);
+        } else {
+            self.put_slice(&body);
+        }
+    }
+
+    /// Writes everything, then empties the batch for the next round.
+    async fn write_to(&mut self, half: &mut OwnedWriteHalf) -> std::io::Result<()> {
+        if !self.small.is_empty() {
+            self.chunks.push(self.small.split().freeze());
+        }
+        let (mut index, mut offset) = (0, 0);
+        while index < self.chunks.len() {
+            let slices: Vec<IoSlice> = std::iter::once(&self.chunks[index][offset..])
+                .chain(self.chunks[index + 1..].iter().map(|c| &c[..]))
+                .take(MAX_IOVECS)
+                .map(IoSlice::new)
+                .collect();
+            let mut written = half.write_vectored(&slices).await?;
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            while index < self.chunks.len() && written >= self.chunks[index].len() - offset {
+                written -= self.chunks[index].len() - offset;
+                index += 1;
+                offset = 0;
+            }
+            offset += written;
+        }
+        self.chunks.clear();
+        self.len = 0;
+        Ok(())
+    }
+}
+
+/// Most buffers handed to one `writev` (Linux allows 1024).
+const MAX_IOVECS: usize = 64;
 
 /// Reads exactly `buf.len()` bytes, or says why the connection ends.
 async fn read_exact_within(
@@ -238,31 +321,29 @@ async fn write_loop(
     header_format: bool,
     tick_interval: Duration,
 ) -> String {
-    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut batch = Batch::default();
     let mut lanes = Lanes::default();
     let mut ticker = tokio::time::interval(tick_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut wrote_since_tick = false;
-    let add = |batch: &mut Vec<u8>, lanes: &mut Lanes, out: Outgoing| {
-        let body =
-            frame::encode_message(&out.control.to_term(), out.payload.as_ref(), header_format);
+    let add = |batch: &mut Batch, lanes: &mut Lanes, out: Outgoing| {
+        let body = Bytes::from(frame::encode_message(
+            &out.control.to_term(),
+            out.payload.as_ref(),
+            header_format,
+        ));
         if header_format && Fragmenter::needed(&body) {
             lanes.push(
                 out.sender,
                 Unit::Fragments(Fragmenter::new(node.next_sequence(), body)),
             );
         } else if lanes.has(out.sender) {
-            let mut frame = Vec::with_capacity(body.len() + 4);
-            frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            frame.extend_from_slice(&body);
-            lanes.push(out.sender, Unit::Frame(frame));
+            lanes.push(out.sender, Unit::Frame(body));
         } else {
-            batch.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            batch.extend_from_slice(&body);
+            batch.put_frame(body);
         }
     };
     loop {
-        batch.clear();
         if lanes.is_empty() {
             tokio::select! {
                 next = queue.recv() => match next {
@@ -271,7 +352,7 @@ async fn write_loop(
                 },
                 _ = ticker.tick() => {
                     if !wrote_since_tick {
-                        batch.extend_from_slice(&[0, 0, 0, 0]);
+                        batch.put_slice(&[0, 0, 0, 0]);
                     }
                     wrote_since_tick = false;
                 }
@@ -284,15 +365,12 @@ async fn write_loop(
             }
         }
         lanes.write_round(&mut batch);
-        if batch.is_empty() {
+        if batch.len() == 0 {
             continue;
         }
-        if let Err(e) = half.write_all(&batch).await {
+        if let Err(e) = batch.write_to(&mut half).await {
             return format!("write failed ({e})");
         }
         wrote_since_tick = true;
-        if batch.capacity() > 4 * BATCH_LIMIT {
-            batch = Vec::with_capacity(64 * 1024); // give back memory after a large message
-        }
     }
 }

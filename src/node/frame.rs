@@ -13,6 +13,7 @@
 
 use super::control::ControlMessage;
 use super::term::{decode_at, encode_bare_into, encode_into, TermError};
+use bytes::Bytes;
 use eetf::Term;
 use std::collections::HashMap;
 
@@ -21,6 +22,10 @@ pub const FRAGMENT_SIZE: usize = 64 * 1024;
 
 /// Largest message (after reassembly) accepted from a peer.
 pub const MAX_MESSAGE_SIZE: usize = 1 << 31;
+
+/// Most memory reserved up front for a fragmented message, from the fragment count its first
+/// fragment announces; larger messages grow past it as their fragments really arrive.
+const PREALLOCATE_LIMIT: usize = 256 << 20;
 
 const PASS_THROUGH: u8 = 112;
 const VERSION_MAGIC: u8 = 131;
@@ -103,11 +108,17 @@ impl FrameDecoder {
                 if id <= 1 {
                     return decode_message(data).map(Some);
                 }
+                // `id` fragments of about this one's size follow: reserve for all of them at once
+                // (within a bound, as the count comes from the peer) so that a large message is
+                // not copied again each time its buffer would double.
+                let expected = data.len().saturating_mul(id as usize);
+                let mut buffer = Vec::with_capacity(expected.min(PREALLOCATE_LIMIT));
+                buffer.extend_from_slice(data);
                 self.in_progress.insert(
                     seq,
                     Reassembly {
                         next_id: id - 1,
-                        data: data.to_vec(),
+                        data: buffer,
                     },
                 );
                 Ok(None)
@@ -230,17 +241,18 @@ pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: boo
 }
 
 /// Splits an encoded header-format body into `131 'E'` / `131 'F'` frames, one at a time, so the
-/// writer can interleave other messages between them.
+/// writer can interleave other messages between them. Each fragment is a small header plus a
+/// slice of the shared body: its data is never copied.
 pub struct Fragmenter {
     sequence: u64,
-    body: Vec<u8>,
+    body: Bytes,
     offset: usize,
     next_id: u64,
 }
 
 impl Fragmenter {
     /// `body` must come from [`encode_message`] with `header_format`.
-    pub fn new(sequence: u64, body: Vec<u8>) -> Self {
+    pub fn new(sequence: u64, body: Bytes) -> Self {
         let data_len = body.len() - 3;
         let count = data_len.div_ceil(FRAGMENT_SIZE).max(1) as u64;
         Fragmenter {
@@ -256,15 +268,18 @@ impl Fragmenter {
         body.len() > FRAGMENT_SIZE + 3
     }
 
-    /// Appends the next fragment as a complete frame (length prefix included) to `out`.
-    /// Returns false once the last fragment has been written.
-    pub fn write_next(&mut self, out: &mut Vec<u8>) -> bool {
+    /// The next fragment as a complete frame: its length prefix and fragment header, and its
+    /// data. Returns `None` once the last fragment has been handed out.
+    pub fn next_fragment(&mut self) -> Option<(FragmentHead, Bytes)> {
+        if self.next_id == 0 {
+            return None;
+        }
         let end = (self.offset + FRAGMENT_SIZE).min(self.body.len());
         let first = self.offset == 3;
+        let mut head = FragmentHead::default();
         let header_len = if first { 19 } else { 18 };
-        let len = header_len + (end - self.offset);
-        out.extend_from_slice(&(len as u32).to_be_bytes());
-        out.extend_from_slice(&[
+        head.push(&((header_len + end - self.offset) as u32).to_be_bytes());
+        head.push(&[
             VERSION_MAGIC,
             if first {
                 DIST_FRAG_HEADER
@@ -272,15 +287,36 @@ impl Fragmenter {
                 DIST_FRAG_CONT
             },
         ]);
-        out.extend_from_slice(&self.sequence.to_be_bytes());
-        out.extend_from_slice(&self.next_id.to_be_bytes());
+        head.push(&self.sequence.to_be_bytes());
+        head.push(&self.next_id.to_be_bytes());
         if first {
-            out.push(0); // no atom cache references
+            head.push(&[0]); // no atom cache references
         }
-        out.extend_from_slice(&self.body[self.offset..end]);
+        let data = self.body.slice(self.offset..end);
         self.offset = end;
         self.next_id -= 1;
-        self.next_id > 0
+        Some((head, data))
+    }
+}
+
+/// Length prefix and header of one fragment frame (at most 4 + 19 bytes).
+#[derive(Default)]
+pub struct FragmentHead {
+    bytes: [u8; 23],
+    len: usize,
+}
+
+impl FragmentHead {
+    fn push(&mut self, bytes: &[u8]) {
+        self.bytes[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+}
+
+impl std::ops::Deref for FragmentHead {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -300,15 +336,10 @@ mod tests {
         let payload = binary(vec![7u8; 3 * FRAGMENT_SIZE + 11]);
         let body = encode_message(&control, Some(&payload), true);
         assert!(Fragmenter::needed(&body));
-        let mut fragments = Fragmenter::new(42, body);
+        let mut fragments = Fragmenter::new(42, Bytes::from(body));
         let mut frames = Vec::new();
-        loop {
-            let mut out = Vec::new();
-            let more = fragments.write_next(&mut out);
-            frames.push(out);
-            if !more {
-                break;
-            }
+        while let Some((head, data)) = fragments.next_fragment() {
+            frames.push([&head[..], &data[..]].concat());
         }
         assert_eq!(frames.len(), 4);
         let mut decoder = FrameDecoder::default();

@@ -284,7 +284,9 @@ pub fn encode_into(term: &Term, out: &mut Vec<u8>) {
 /// Appends `term` in external format *without* the version byte, as terms follow a
 /// distribution header.
 pub fn encode_bare_into(term: &Term, out: &mut Vec<u8>) {
-    out.reserve(size_hint(term, 0));
+    // The slack covers small terms the hint undercounts: growing a 16 MiB buffer by a few bytes
+    // at the end would copy all of it once more.
+    out.reserve(size_hint(term, 0) + 256);
     let mut writer = SkipVersionByte {
         out,
         skipped: false,
@@ -316,8 +318,9 @@ impl std::io::Write for SkipVersionByte<'_> {
     }
 }
 
-/// Roughly how many bytes `term` encodes to: exact for binaries, a guess for the rest. Lets the
-/// encoder reserve once instead of growing a large buffer by doubling.
+/// Roughly how many bytes `term` encodes to: exact for binaries and atoms, a generous guess for
+/// the rest (pids and references carry their node's name). Lets the encoder reserve once instead
+/// of growing a large buffer.
 fn size_hint(term: &Term, depth: usize) -> usize {
     if depth > MAX_DEPTH {
         return 0;
@@ -325,6 +328,7 @@ fn size_hint(term: &Term, depth: usize) -> usize {
     match term {
         Term::Binary(b) => 5 + b.bytes.len(),
         Term::BitBinary(b) => 6 + b.bytes.len(),
+        Term::Atom(a) => 3 + a.name.len(),
         Term::Tuple(t) => {
             5 + t
                 .elements
@@ -346,7 +350,10 @@ fn size_hint(term: &Term, depth: usize) -> usize {
                 .map(|(k, v)| size_hint(k, depth + 1) + size_hint(v, depth + 1))
                 .sum::<usize>()
         }
-        _ => 16,
+        Term::Pid(p) => 16 + p.node.name.len(),
+        Term::Port(p) => 20 + p.node.name.len(),
+        Term::Reference(r) => 11 + r.node.name.len() + 4 * r.id.len(),
+        _ => 32,
     }
 }
 

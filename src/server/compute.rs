@@ -45,7 +45,7 @@ struct RunOptions {
     callback_timeout: Duration,
 }
 
-/// Runs at most this long (as last measured, upload and download included) may execute on the
+/// Runs typically this long at most (upload and download included) may execute on the
 /// server's own task instead of an executor thread.
 const INLINE_MAX_RUN_US: u64 = 50;
 
@@ -206,9 +206,8 @@ impl Compute {
             })
             .sum::<usize>()
             <= INLINE_MAX_BYTES;
-        let inline = !program.calls_back
-            && small_args
-            && program.last_run_us.load(Ordering::Relaxed) <= INLINE_MAX_RUN_US;
+        let inline =
+            !program.calls_back && small_args && program.typical_run_us() <= INLINE_MAX_RUN_US;
         if inline {
             return self.run_and_reply(&program, args, &opts, &from);
         }
@@ -228,9 +227,7 @@ impl Compute {
                 xla_error(&e)
             }
         };
-        program
-            .last_run_us
-            .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        program.record_run(started.elapsed().as_micros() as u64);
         self.reply(from, reply);
     }
 

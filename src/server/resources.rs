@@ -10,7 +10,7 @@ use crate::node::term::ref_key;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Key = (String, Vec<u32>, u32);
@@ -27,8 +27,10 @@ pub struct Program {
     /// The module mentions a host-callback target: its runs may block waiting for replies, so
     /// they always go to executor threads.
     pub calls_back: bool,
-    /// Duration of the latest run in microseconds (`u64::MAX` before the first).
-    pub last_run_us: AtomicU64,
+    /// Typical duration of a run in microseconds: a moving average over recent runs, so that one
+    /// run slowed down by a busy machine does not move the program off the fast path
+    /// (`u64::MAX` before the first run).
+    typical_run_us: AtomicU64,
 }
 
 impl Program {
@@ -36,8 +38,22 @@ impl Program {
         Program {
             exe,
             calls_back,
-            last_run_us: AtomicU64::new(u64::MAX),
+            typical_run_us: AtomicU64::new(u64::MAX),
         }
+    }
+
+    pub fn typical_run_us(&self) -> u64 {
+        self.typical_run_us.load(Ordering::Relaxed)
+    }
+
+    /// Folds one run's duration into the average (weight 1/8). Concurrent runs may lose an
+    /// update, which only makes the average a little less smooth.
+    pub fn record_run(&self, micros: u64) {
+        let typical = match self.typical_run_us() {
+            u64::MAX => micros,
+            old => old - old / 8 + micros / 8,
+        };
+        self.typical_run_us.store(typical, Ordering::Relaxed);
     }
 
     /// Whether a module's text or bytecode names a host-callback target.

@@ -1,0 +1,46 @@
+//! Times the phases of a tiny run on the CPU plugin (upload, execute, read back), without the
+//! network: `cargo run --release --example run_latency`. Tells how much of `bench/run.sh xla`
+//! is XLA itself.
+use std::time::Instant;
+use xla_node::xla::{plugin_path_from_env, Client, DType};
+
+fn main() {
+    let client = Client::from_plugin(plugin_path_from_env()).expect("plugin");
+    let mlir = "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+  %y = stablehlo.add %x, %one : tensor<4xf32>
+  return %y : tensor<4xf32>
+}";
+    let exe = client.compile(mlir.as_bytes()).expect("compile");
+    let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let n = 20000;
+    let (mut up, mut ex, mut rd, mut fr) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();
+        let t1 = Instant::now();
+        let out = exe.execute(&[&b]).unwrap();
+        let t2 = Instant::now();
+        let v = out[0].to_host().unwrap();
+        let t3 = Instant::now();
+        drop(out);
+        drop(b);
+        let t4 = Instant::now();
+        assert_eq!(v.len(), 16);
+        up.push((t1 - t0).as_nanos());
+        ex.push((t2 - t1).as_nanos());
+        rd.push((t3 - t2).as_nanos());
+        fr.push((t4 - t3).as_nanos());
+    }
+    for (name, mut v) in [("upload", up), ("execute", ex), ("read", rd), ("free", fr)] {
+        v.sort();
+        println!(
+            "{name}: median {:.1} us, p90 {:.1} us",
+            v[n / 2] as f64 / 1000.0,
+            v[n * 9 / 10] as f64 / 1000.0
+        );
+    }
+}
