@@ -13,13 +13,14 @@
 
 use super::frame::{self, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;
-use super::peers::Outgoing;
+use super::outbox::{Outbox, Outgoing};
 use super::{flags, signals, Node};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -39,21 +40,27 @@ pub async fn run(
     stream: TcpStream,
     info: &PeerInfo,
     queue: mpsc::UnboundedReceiver<Outgoing>,
+    outbox: &Outbox,
     cancel: CancellationToken,
 ) -> String {
     let (read_half, write_half) = stream.into_split();
+    let socket = Arc::new(write_half);
     let header_format = info.flags & flags::FRAGMENTS != 0;
     let ticktime = node.net_ticktime();
     // A quarter of net_ticktime, as OTP; at most a second so that peers configured with a shorter
     // net_ticktime than ours still hear from us in time.
     let tick_interval = (ticktime / 4).min(Duration::from_secs(1));
     let reader = read_loop(node, peer, read_half, ticktime);
-    let writer = write_loop(node, write_half, queue, header_format, tick_interval);
-    tokio::select! {
+    outbox.attach(socket.clone(), header_format);
+    let writer = write_loop(node, &socket, queue, outbox, header_format, tick_interval);
+    let reason = tokio::select! {
         r = reader => r,
         w = writer => w,
         _ = cancel.cancelled() => "closed by this node".to_string(),
-    }
+    };
+    // Senders must not keep the socket open (or write to it) once the connection is over.
+    outbox.detach();
+    reason
 }
 
 async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Duration) -> String {
@@ -174,7 +181,7 @@ impl Lanes {
             while let Some(unit) = lane.front_mut() {
                 match unit {
                     Unit::Frame(frame) => {
-                        out.put_frame(frame.clone());
+                        out.put_bytes(frame.clone());
                         lane.pop_front();
                     }
                     Unit::Fragments(f) => {
@@ -240,18 +247,18 @@ impl Batch {
         self.chunks.push(bytes);
     }
 
-    /// A whole frame: the length prefix, then the body.
-    fn put_frame(&mut self, body: Bytes) {
-        self.put_slice(&(body.len() as u32).to_be_bytes());
-        if body.len() >= SHARE_ABOVE {
-            self.put_shared(body);
+    /// Bytes that are already a frame (or the rest of one): copied if small, else referenced.
+    fn put_bytes(&mut self, bytes: Bytes) {
+        if bytes.len() >= SHARE_ABOVE {
+            self.put_shared(bytes);
         } else {
-            self.put_slice(&body);
+            self.put_slice(&bytes);
         }
     }
 
     /// Writes everything, then empties the batch for the next round.
-    async fn write_to(&mut self, half: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    async fn write_to(&mut self, socket: &OwnedWriteHalf) -> std::io::Result<()> {
+        let stream: &TcpStream = socket.as_ref();
         if !self.small.is_empty() {
             self.chunks.push(self.small.split().freeze());
         }
@@ -262,10 +269,16 @@ impl Batch {
                 .take(MAX_IOVECS)
                 .map(IoSlice::new)
                 .collect();
-            let mut written = half.write_vectored(&slices).await?;
-            if written == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
+            let mut written = match stream.try_write_vectored(&slices) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    drop(slices);
+                    stream.writable().await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             while index < self.chunks.len() && written >= self.chunks[index].len() - offset {
                 written -= self.chunks[index].len() - offset;
                 index += 1;
@@ -316,8 +329,9 @@ async fn read_to_end_within(
 
 async fn write_loop(
     node: &Node,
-    mut half: OwnedWriteHalf,
+    socket: &OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
+    outbox: &Outbox,
     header_format: bool,
     tick_interval: Duration,
 ) -> String {
@@ -326,32 +340,50 @@ async fn write_loop(
     let mut ticker = tokio::time::interval(tick_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut wrote_since_tick = false;
+    // Frames taken from the queue (or claimed) and not yet reported written to the outbox.
+    let mut taken = 0;
     let add = |batch: &mut Batch, lanes: &mut Lanes, out: Outgoing| {
-        let body = Bytes::from(frame::encode_message(
-            &out.control.to_term(),
-            out.payload.as_ref(),
-            header_format,
-        ));
-        if header_format && Fragmenter::needed(&body) {
-            lanes.push(
-                out.sender,
-                Unit::Fragments(Fragmenter::new(node.next_sequence(), body)),
-            );
-        } else if lanes.has(out.sender) {
-            lanes.push(out.sender, Unit::Frame(body));
+        let (sender, frame) = match out {
+            Outgoing::Rest(rest) => return batch.put_bytes(rest),
+            Outgoing::Large { sender, body } => {
+                let fragments = Fragmenter::new(node.next_sequence(), body);
+                return lanes.push(sender, Unit::Fragments(fragments));
+            }
+            Outgoing::Frame { sender, frame } => (sender, frame),
+            Outgoing::Message { sender, message } => {
+                let (control, payload) = *message;
+                let frame =
+                    frame::encode_frame(&control.to_term(), payload.as_ref(), header_format);
+                if header_format && Fragmenter::needed(&frame[4..]) {
+                    let body = Bytes::from(frame).slice(4..);
+                    let fragments = Fragmenter::new(node.next_sequence(), body);
+                    return lanes.push(sender, Unit::Fragments(fragments));
+                }
+                (sender, Bytes::from(frame))
+            }
+        };
+        if lanes.has(sender) {
+            lanes.push(sender, Unit::Frame(frame));
         } else {
-            batch.put_frame(body);
+            batch.put_bytes(frame);
         }
     };
     loop {
         if lanes.is_empty() {
+            // Everything taken so far is on the socket: senders may write directly again.
+            outbox.written(std::mem::take(&mut taken));
             tokio::select! {
                 next = queue.recv() => match next {
-                    Some(out) => add(&mut batch, &mut lanes, out),
+                    Some(out) => {
+                        taken += 1;
+                        add(&mut batch, &mut lanes, out);
+                    }
                     None => return "queue closed".to_string(),
                 },
                 _ = ticker.tick() => {
                     if !wrote_since_tick {
+                        outbox.claim();
+                        taken += 1;
                         batch.put_slice(&[0, 0, 0, 0]);
                     }
                     wrote_since_tick = false;
@@ -360,7 +392,10 @@ async fn write_loop(
         }
         while batch.len() < BATCH_LIMIT {
             match queue.try_recv() {
-                Ok(out) => add(&mut batch, &mut lanes, out),
+                Ok(out) => {
+                    taken += 1;
+                    add(&mut batch, &mut lanes, out);
+                }
                 Err(_) => break,
             }
         }
@@ -368,7 +403,7 @@ async fn write_loop(
         if batch.len() == 0 {
             continue;
         }
-        if let Err(e) = batch.write_to(&mut half).await {
+        if let Err(e) = batch.write_to(socket).await {
             return format!("write failed ({e})");
         }
         wrote_since_tick = true;

@@ -224,20 +224,39 @@ pub fn decode_stream(mut data: &[u8]) -> Result<Vec<Message>, FrameError> {
 /// Encodes one message body (without the length prefix) in the format the peer expects.
 pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
+    encode_message_into(control, payload, header_format, &mut body);
+    body
+}
+
+/// Encodes one message as a whole frame: the 4-byte length prefix, then the body.
+pub fn encode_frame(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(64);
+    frame.extend_from_slice(&[0; 4]);
+    encode_message_into(control, payload, header_format, &mut frame);
+    let len = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&len.to_be_bytes());
+    frame
+}
+
+fn encode_message_into(
+    control: &Term,
+    payload: Option<&Term>,
+    header_format: bool,
+    body: &mut Vec<u8>,
+) {
     if header_format {
         body.extend_from_slice(&[VERSION_MAGIC, DIST_HEADER, 0]);
-        encode_bare_into(control, &mut body);
+        encode_bare_into(control, body);
         if let Some(payload) = payload {
-            encode_bare_into(payload, &mut body);
+            encode_bare_into(payload, body);
         }
     } else {
         body.push(PASS_THROUGH);
-        encode_into(control, &mut body);
+        encode_into(control, body);
         if let Some(payload) = payload {
-            encode_into(payload, &mut body);
+            encode_into(payload, body);
         }
     }
-    body
 }
 
 /// Splits an encoded header-format body into `131 'E'` / `131 'F'` frames, one at a time, so the

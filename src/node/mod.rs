@@ -18,6 +18,7 @@ pub mod flags;
 pub mod frame;
 pub mod gen;
 pub mod handshake;
+pub mod outbox;
 pub mod peers;
 pub mod process;
 pub mod signals;

@@ -13,6 +13,7 @@ use super::connection;
 use super::control::ControlMessage;
 use super::epmd;
 use super::handshake::{self, HandshakeError, PeerInfo, Status};
+use super::outbox::{Outbox, Outgoing};
 use super::Node;
 use eetf::{Pid, Term};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,16 +26,9 @@ use tokio_util::sync::CancellationToken;
 /// Bound on a whole handshake, as OTP's `net_setuptime` (7 s).
 pub const SETUP_TIME: Duration = Duration::from_secs(7);
 
-/// One queued outgoing message; `sender` keys the per-sender ordering in the writer.
-pub struct Outgoing {
-    pub sender: u32,
-    pub control: ControlMessage,
-    pub payload: Option<Term>,
-}
-
 pub struct Peer {
     pub name: String,
-    queue: mpsc::UnboundedSender<Outgoing>,
+    outbox: Outbox,
     queue_rx: Mutex<Option<mpsc::UnboundedReceiver<Outgoing>>>,
     /// True while our own outgoing handshake to this peer runs.
     dialing: AtomicBool,
@@ -48,7 +42,7 @@ impl Peer {
         let (tx, rx) = mpsc::unbounded_channel();
         Arc::new(Peer {
             name: name.to_string(),
-            queue: tx,
+            outbox: Outbox::new(tx),
             queue_rx: Mutex::new(Some(rx)),
             dialing: AtomicBool::new(dialing),
             up: AtomicBool::new(false),
@@ -58,13 +52,7 @@ impl Peer {
     }
 
     pub fn enqueue(&self, from: &Pid, control: ControlMessage, payload: Option<Term>) {
-        let sender = from.id | (from.serial << 15);
-        // Fails only once the connection is gone; like Erlang's send, the message is then dropped.
-        let _ = self.queue.send(Outgoing {
-            sender,
-            control,
-            payload,
-        });
+        self.outbox.send(from, control, payload);
     }
 
     pub fn is_up(&self) -> bool {
@@ -146,8 +134,16 @@ async fn attach(node: Node, peer: Arc<Peer>, stream: TcpStream, info: PeerInfo) 
     };
     peer.up.store(true, Ordering::Release);
     tracing::info!(peer = %info.name, "nodeup");
-    let reason =
-        connection::run(&node, &peer.name, stream, &info, queue, peer.cancel.clone()).await;
+    let reason = connection::run(
+        &node,
+        &peer.name,
+        stream,
+        &info,
+        queue,
+        &peer.outbox,
+        peer.cancel.clone(),
+    )
+    .await;
     peer.up.store(false, Ordering::Release);
     tracing::info!(peer = %info.name, "nodedown: {reason}");
     release(&node, &peer);
