@@ -15,8 +15,9 @@
 //! abandoned when the process that asked for the run dies (see [`wait`] and [`run`]).
 //!
 //! Files: `target` (operand 0: run handles and term-encoded targets), `run` (per-run state and the
-//! requester watch), `wait` (send + wait with monitors and timeouts), `handlers` (the three FFI
-//! targets and reply checking), `streams` (outfeed sending), `inspect` (Elixir-style error texts).
+//! requester watch), `wait` (send + wait with monitors and timeouts), `watch` (monitors shared by
+//! every callback to one process), `handlers` (the three FFI targets and reply checking),
+//! `streams` (outfeed sending), `inspect` (Elixir-style error texts).
 
 mod handlers;
 pub mod inspect;
@@ -24,6 +25,7 @@ mod run;
 mod streams;
 pub mod target;
 mod wait;
+mod watch;
 
 use crate::node::{Dest, Node};
 use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
@@ -96,7 +98,7 @@ impl Dispatcher {
         default_timeout: Duration,
     ) -> Result<Arc<Dispatcher>, XlaError> {
         let dispatcher = Arc::new(Dispatcher {
-            waiters: wait::Waiters::new(node.clone()),
+            waiters: wait::Waiters::new(node.clone(), Arc::new(watch::Watches::new(node.clone()))),
             streams: streams::Streams::new(node.clone()),
             node,
             default_timeout,

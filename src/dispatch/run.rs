@@ -7,14 +7,16 @@
 //! any later callback of the run fails at once.
 //!
 //! The watch is set up lazily, by the first callback of the run: most runs make no callbacks and
-//! then cost no monitor traffic at all. It is one node process that monitors the requester, owned
-//! by a task on the node's runtime (so a `Down` is noticed while every callback of the run is
-//! blocked on an XLA thread). The task wakes waiters by sending them an abandon message carrying
-//! the callback's reference, which is why waiters register here while they wait.
+//! then cost no monitor traffic at all. It is a registration with the requester's shared
+//! [`Watch`](super::watch) (one monitor per requester, however many runs it asks for), handled
+//! on the node's runtime, so a `Down` is noticed while every callback of the run is blocked on an
+//! XLA thread. Abandoning wakes waiters by sending them an abandon message carrying the
+//! callback's reference, which is why waiters register here while they wait.
 
 use super::inspect;
+use super::watch::{Registration, Watches};
 use crate::node::term::{atom, tuple};
-use crate::node::{Node, Signal};
+use crate::node::Node;
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -43,7 +45,7 @@ struct Inner {
     /// Callbacks waiting now: callback reference -> waiting process.
     pending: HashMap<RefKey, (Reference, Pid)>,
     /// The requester watch, once a callback started it.
-    watch: Option<tokio::task::JoinHandle<()>>,
+    watch: Option<Registration>,
 }
 
 impl RunState {
@@ -67,36 +69,37 @@ impl RunState {
     }
 
     /// Starts monitoring the requester (once per run).
-    pub(crate) fn ensure_watch(self: &Arc<Self>) {
-        let mut inner = self.lock();
-        if inner.watch.is_some() || inner.closed.is_some() {
+    pub(crate) fn ensure_watch(self: &Arc<Self>, watches: &Watches) {
+        if self.lock().watch.is_some() {
             return;
         }
-        let mut process = self.node.spawn_process();
-        let mref = process.monitor(self.requester.clone());
         let weak: Weak<RunState> = Arc::downgrade(self);
         let requester = self.requester.clone();
-        inner.watch = Some(self.node.runtime().spawn(async move {
-            while let Some(signal) = process.recv().await {
-                if let Signal::Down {
-                    reference, reason, ..
-                } = signal
-                {
-                    if reference == mref {
-                        if let Some(run) = weak.upgrade() {
-                            run.abandon(format!(
-                                "the process that asked for the run, {} on node {}, exited: {}",
-                                inspect::pid(&requester),
-                                requester.node.name,
-                                inspect::reason(&reason)
-                            ));
-                        }
-                        return;
-                    }
+        let abandon = move |reason: &Term| {
+            if let Some(run) = weak.upgrade() {
+                run.abandon(format!(
+                    "the process that asked for the run, {} on node {}, exited: {}",
+                    inspect::pid(&requester),
+                    requester.node.name,
+                    inspect::reason(reason)
+                ));
+            }
+        };
+        // Registered outside the run's lock: a requester already down abandons the run at once.
+        match watches.register(&Dest::Pid(self.requester.clone()), abandon) {
+            Ok(registration) => {
+                let mut inner = self.lock();
+                if inner.watch.is_none() && inner.closed.is_none() {
+                    inner.watch = Some(registration);
                 }
             }
-            // `process` is dropped here (or when the task is aborted), cancelling the monitor.
-        }));
+            Err(reason) => self.abandon(format!(
+                "the process that asked for the run, {} on node {}, exited: {}",
+                inspect::pid(&self.requester),
+                self.requester.node.name,
+                inspect::reason(&reason)
+            )),
+        }
     }
 
     /// Registers a waiting callback; fails with the reason if the run's callbacks are abandoned.
@@ -134,9 +137,8 @@ impl RunState {
     /// The run is over: abandon what still waits and stop watching the requester.
     pub(crate) fn close(&self) {
         self.abandon("the run is over (its callback context was closed)".to_string());
-        if let Some(task) = self.lock().watch.take() {
-            task.abort();
-        }
+        let registration = self.lock().watch.take();
+        drop(registration);
     }
 }
 

@@ -6,8 +6,9 @@
 //! with [`Process::recv_blocking_timeout`], never on a tokio worker.
 //!
 //! Each wait:
-//! 1. monitors the target (a `Down` — exit, `noproc`, `noconnection` — fails the call at once,
-//!    naming the process, its node and the reason);
+//! 1. registers with the target's shared monitor (see [`super::watch`]): a `Down` (exit,
+//!    `noproc`, `noconnection`) wakes the waiter with [`TARGET_DOWN`] and fails the call at once,
+//!    naming the process, its node and the reason;
 //! 2. uses a fresh reference per callback: a reply that arrives after its callback gave up
 //!    carries an old reference and is discarded by whichever later wait finds it;
 //! 3. is bounded by the run's timeout;
@@ -19,8 +20,9 @@
 
 use super::inspect;
 use super::run::{RunState, ABANDON};
+use super::watch::Watches;
 use super::Counters;
-use crate::node::term::{as_atom, tuple};
+use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
 use eetf::{Reference, Term};
 use std::sync::atomic::Ordering;
@@ -29,6 +31,10 @@ use std::time::{Duration, Instant};
 
 /// Idle waiters kept for reuse.
 const POOL_MAX: usize = 64;
+
+/// First element of the message that wakes a waiter whose target went down:
+/// `{TARGET_DOWN, callback_ref, reason}`.
+const TARGET_DOWN: &str = "$xla_node_callback_target_down";
 
 /// Why a wait failed; the text is what the run fails with.
 #[derive(Debug)]
@@ -48,13 +54,15 @@ impl WaitError {
 /// The pool of waiting processes.
 pub(crate) struct Waiters {
     node: Node,
+    watches: Arc<Watches>,
     idle: Mutex<Vec<Process>>,
 }
 
 impl Waiters {
-    pub(crate) fn new(node: Node) -> Self {
+    pub(crate) fn new(node: Node, watches: Arc<Watches>) -> Self {
         Waiters {
             node,
+            watches,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -87,7 +95,7 @@ impl Waiters {
             if let Some(reason) = run.closed() {
                 return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
             }
-            run.ensure_watch();
+            run.ensure_watch(&self.watches);
         }
         let mut waiter = self.take();
         let cref = self.node.make_ref();
@@ -97,8 +105,28 @@ impl Waiters {
                 return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
             }
         }
+        let local = self.node.name();
+        let (node, pid, wake_ref) = (self.node.clone(), waiter.pid().clone(), cref.clone());
+        let registration = self.watches.register(dest, move |reason| {
+            let wake = tuple(vec![
+                atom(TARGET_DOWN),
+                Term::from(wake_ref),
+                reason.clone(),
+            ]);
+            node.send(&pid, Dest::Pid(pid.clone()), wake);
+        });
+        let registration = match registration {
+            Ok(r) => r,
+            Err(reason) => {
+                if let Some(run) = run {
+                    run.unregister(&cref);
+                }
+                self.put(waiter);
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(WaitError::Failed(down_text(dest, local, &reason, what)));
+            }
+        };
         counters.pending.fetch_add(1, Ordering::Relaxed);
-        let mref = waiter.monitor(dest.clone());
         let tag = tuple(vec![
             Term::from(waiter.pid().clone()),
             Term::from(cref.clone()),
@@ -106,9 +134,9 @@ impl Waiters {
         waiter.send(dest.clone(), build(tag));
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
-        let result = self.wait(&mut waiter, dest, &cref, &mref, run, timeout, what);
+        let result = self.wait(&mut waiter, dest, &cref, run, timeout, what);
 
-        waiter.demonitor(&mref);
+        drop(registration);
         if let Some(run) = run {
             run.unregister(&cref);
         }
@@ -128,7 +156,6 @@ impl Waiters {
         waiter: &mut Process,
         dest: &Dest,
         cref: &Reference,
-        mref: &Reference,
         run: Option<&Arc<RunState>>,
         timeout: Duration,
         what: &str,
@@ -172,12 +199,19 @@ impl Waiters {
                         _ => {} // a stale reply or something else: not ours
                     }
                 }
-                Signal::Down {
-                    reference, reason, ..
-                } if &reference == mref => {
-                    return Err(WaitError::Failed(down_text(dest, local, &reason, what)));
+                Signal::Message(Term::Tuple(t))
+                    if t.elements.len() == 3
+                        && as_atom(&t.elements[0]) == Some(TARGET_DOWN)
+                        && matches!(&t.elements[1], Term::Reference(r) if **r == *cref) =>
+                {
+                    return Err(WaitError::Failed(down_text(
+                        dest,
+                        local,
+                        &t.elements[2],
+                        what,
+                    )));
                 }
-                _ => {} // stale monitors, stray messages, exit signals (waiters are not linked)
+                _ => {} // stale wake-ups, stray messages, exit signals (waiters are not linked)
             }
         }
     }
