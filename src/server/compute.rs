@@ -15,7 +15,7 @@ use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Buffer, Executable, Executor, HostTensor, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,8 @@ pub struct Compute {
     pub dispatcher: Arc<crate::dispatch::Dispatcher>,
     /// Runs finished, and how many of them failed.
     pub runs: Arc<(AtomicU64, AtomicU64)>,
+    /// Runs with callbacks now running on a runtime thread of their own (block_in_place).
+    pub in_place: Arc<AtomicUsize>,
 }
 
 /// A run argument: a tensor from the request, or a buffer already on the device.
@@ -51,6 +53,9 @@ const INLINE_MAX_RUN_US: u64 = 50;
 
 /// ... and only with this many bytes of host arguments at most.
 const INLINE_MAX_BYTES: usize = 64 * 1024;
+
+/// Most runs with callbacks at once on runtime threads of their own; more go to executor threads.
+const MAX_IN_PLACE: usize = 64;
 
 fn argument_error(message: impl Into<String>) -> Term {
     error_kind("argument_error", message)
@@ -211,10 +216,35 @@ impl Compute {
         if inline {
             return self.run_and_reply(&program, args, &opts, &from);
         }
+        if program.calls_back && self.claim_in_place() {
+            // A run that calls back mostly waits for replies. It runs on this worker thread, which
+            // hands the runtime's other tasks to another thread for the duration: the run starts
+            // without waking an executor thread first.
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::task::block_in_place(|| this.run_and_reply(&program, args, &opts, &from));
+                this.in_place.fetch_sub(1, Ordering::Relaxed);
+            });
+            return;
+        }
         let this = self.clone();
         self.executor.submit(Box::new(move || {
             this.run_and_reply(&program, args, &opts, &from)
         }));
+    }
+
+    /// Whether a run may take its worker thread (see [`Compute::run`]); bounded, so that a crowd
+    /// of waiting runs cannot exhaust tokio's blocking threads.
+    fn claim_in_place(&self) -> bool {
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !on_worker || self.in_place.fetch_add(1, Ordering::Relaxed) >= MAX_IN_PLACE {
+            if on_worker {
+                self.in_place.fetch_sub(1, Ordering::Relaxed);
+            }
+            return false;
+        }
+        true
     }
 
     fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {

@@ -90,6 +90,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         plugin: config.plugin,
         dispatcher,
         runs: Arc::default(),
+        in_place: Arc::default(),
     };
     Ok(ServerHandle {
         tasks: vec![
