@@ -11,7 +11,7 @@
 //! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
 //! silent for `net_ticktime` is declared down; so is one that sends anything malformed.
 
-use super::frame::{self, Fragmenter, FrameDecoder};
+use super::frame::{self, Encoded, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;
 use super::outbox::{Outbox, Outgoing};
 use super::{flags, signals, Node};
@@ -146,7 +146,7 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
 
 /// A sender's messages that must wait behind one of its messages being sent in fragments.
 enum Unit {
-    Frame(Bytes),
+    Frame(Vec<Bytes>),
     Fragments(Fragmenter),
 }
 
@@ -181,7 +181,9 @@ impl Lanes {
             while let Some(unit) = lane.front_mut() {
                 match unit {
                     Unit::Frame(frame) => {
-                        out.put_bytes(frame.clone());
+                        std::mem::take(frame)
+                            .into_iter()
+                            .for_each(|chunk| out.put_bytes(chunk));
                         lane.pop_front();
                     }
                     Unit::Fragments(f) => {
@@ -192,7 +194,7 @@ impl Lanes {
                             match f.next_fragment() {
                                 Some((head, data)) => {
                                     out.put_slice(&head);
-                                    out.put_shared(data);
+                                    data.into_iter().for_each(|d| out.put_shared(d));
                                 }
                                 None => {
                                     done = true;
@@ -344,7 +346,7 @@ async fn write_loop(
     let mut taken = 0;
     let add = |batch: &mut Batch, lanes: &mut Lanes, out: Outgoing| {
         let (sender, frame) = match out {
-            Outgoing::Rest(rest) => return batch.put_bytes(rest),
+            Outgoing::Rest(rest) => return rest.into_iter().for_each(|c| batch.put_bytes(c)),
             Outgoing::Large { sender, body } => {
                 let fragments = Fragmenter::new(node.next_sequence(), body);
                 return lanes.push(sender, Unit::Fragments(fragments));
@@ -352,20 +354,19 @@ async fn write_loop(
             Outgoing::Frame { sender, frame } => (sender, frame),
             Outgoing::Message { sender, message } => {
                 let (control, payload) = *message;
-                let frame =
-                    frame::encode_frame(&control.to_term(), payload.as_ref(), header_format);
-                if header_format && Fragmenter::needed(&frame[4..]) {
-                    let body = Bytes::from(frame).slice(4..);
-                    let fragments = Fragmenter::new(node.next_sequence(), body);
-                    return lanes.push(sender, Unit::Fragments(fragments));
+                match frame::encode_owned(&control.to_term(), payload, header_format) {
+                    Encoded::Frame(frame) => (sender, frame),
+                    Encoded::Large(body) => {
+                        let fragments = Fragmenter::new(node.next_sequence(), body);
+                        return lanes.push(sender, Unit::Fragments(fragments));
+                    }
                 }
-                (sender, Bytes::from(frame))
             }
         };
         if lanes.has(sender) {
             lanes.push(sender, Unit::Frame(frame));
         } else {
-            batch.put_bytes(frame);
+            frame.into_iter().for_each(|chunk| batch.put_bytes(chunk));
         }
     };
     loop {

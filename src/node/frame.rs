@@ -12,10 +12,10 @@
 //! the connection), so [`encode_message`] picks the format from the negotiated flags.
 
 use super::control::ControlMessage;
-use super::term::{decode_at, encode_bare_into, encode_into, TermError};
-use bytes::Bytes;
+use super::term::{decode_at, encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
+use bytes::{Buf, Bytes};
 use eetf::Term;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// Size of the data in each outgoing fragment, as OTP uses.
 pub const FRAGMENT_SIZE: usize = 64 * 1024;
@@ -228,14 +228,41 @@ pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: boo
     body
 }
 
-/// Encodes one message as a whole frame: the 4-byte length prefix, then the body.
-pub fn encode_frame(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(64);
-    frame.extend_from_slice(&[0; 4]);
-    encode_message_into(control, payload, header_format, &mut frame);
-    let len = (frame.len() - 4) as u32;
-    frame[..4].copy_from_slice(&len.to_be_bytes());
-    frame
+/// One message encoded for the writer, in chunks (see [`Chunks`]): large binaries of the
+/// payload are moved, not copied.
+pub enum Encoded {
+    /// A whole frame, length prefix included.
+    Frame(Vec<Bytes>),
+    /// A header-format body (no length prefix) too large for one frame: to be sent in fragments.
+    Large(Vec<Bytes>),
+}
+
+/// Encodes one message, taking the payload by value so that its large binaries need no copy.
+pub fn encode_owned(control: &Term, payload: Option<Term>, header_format: bool) -> Encoded {
+    let mut chunks = Chunks::new();
+    let buf = chunks.bytes_mut();
+    buf.extend_from_slice(&[0; 4]); // the length prefix, set below
+    if header_format {
+        buf.extend_from_slice(&[VERSION_MAGIC, DIST_HEADER, 0]);
+        encode_bare_into(control, buf);
+    } else {
+        buf.push(PASS_THROUGH);
+        encode_into(control, buf);
+    }
+    if let Some(payload) = payload {
+        if !header_format {
+            chunks.bytes_mut().push(VERSION_MAGIC);
+        }
+        encode_bare_owned(payload, &mut chunks);
+    }
+    let body_len = chunks.len() - 4;
+    if header_format && Fragmenter::needed(body_len) {
+        let mut body = chunks.into_chunks();
+        body[0] = body[0].slice(4..);
+        return Encoded::Large(body);
+    }
+    chunks.set_prefix((body_len as u32).to_be_bytes());
+    Encoded::Frame(chunks.into_chunks())
 }
 
 fn encode_message_into(
@@ -260,47 +287,69 @@ fn encode_message_into(
 }
 
 /// Splits an encoded header-format body into `131 'E'` / `131 'F'` frames, one at a time, so the
-/// writer can interleave other messages between them. Each fragment is a small header plus a
-/// slice of the shared body: its data is never copied.
+/// writer can interleave other messages between them. Each fragment is a small header plus
+/// slices of the body's chunks: its data is never copied.
 pub struct Fragmenter {
     sequence: u64,
-    body: Bytes,
-    offset: usize,
+    /// What is left of the body's data (after its 3-byte distribution header).
+    rest: VecDeque<Bytes>,
+    first: bool,
     next_id: u64,
 }
 
 impl Fragmenter {
-    /// `body` must come from [`encode_message`] with `header_format`.
-    pub fn new(sequence: u64, body: Bytes) -> Self {
-        let data_len = body.len() - 3;
-        let count = data_len.div_ceil(FRAGMENT_SIZE).max(1) as u64;
+    /// `body` must come from [`encode_owned`] as [`Encoded::Large`] (or be a header-format body).
+    pub fn new(sequence: u64, body: Vec<Bytes>) -> Self {
+        let mut rest: VecDeque<Bytes> = body.into();
+        let mut header = 3;
+        while header > 0 {
+            let Some(front) = rest.front_mut() else { break };
+            let n = header.min(front.len());
+            front.advance(n);
+            header -= n;
+            if front.is_empty() {
+                rest.pop_front();
+            }
+        }
+        let data_len: usize = rest.iter().map(Bytes::len).sum();
         Fragmenter {
             sequence,
-            body,
-            offset: 3,
-            next_id: count,
+            rest,
+            first: true,
+            next_id: data_len.div_ceil(FRAGMENT_SIZE).max(1) as u64,
         }
     }
 
-    /// Whether a body is large enough to be sent in fragments.
-    pub fn needed(body: &[u8]) -> bool {
-        body.len() > FRAGMENT_SIZE + 3
+    /// Whether a body of `len` bytes is large enough to be sent in fragments.
+    pub fn needed(len: usize) -> bool {
+        len > FRAGMENT_SIZE + 3
     }
 
-    /// The next fragment as a complete frame: its length prefix and fragment header, and its
-    /// data. Returns `None` once the last fragment has been handed out.
-    pub fn next_fragment(&mut self) -> Option<(FragmentHead, Bytes)> {
+    /// The next fragment as a complete frame: its length prefix and fragment header, and the
+    /// slices of its data. Returns `None` once the last fragment has been handed out.
+    pub fn next_fragment(&mut self) -> Option<(FragmentHead, Vec<Bytes>)> {
         if self.next_id == 0 {
             return None;
         }
-        let end = (self.offset + FRAGMENT_SIZE).min(self.body.len());
-        let first = self.offset == 3;
+        let mut data = Vec::new();
+        let mut data_len = 0;
+        while data_len < FRAGMENT_SIZE {
+            let Some(front) = self.rest.front_mut() else {
+                break;
+            };
+            let take = (FRAGMENT_SIZE - data_len).min(front.len());
+            data.push(front.split_to(take));
+            data_len += take;
+            if front.is_empty() {
+                self.rest.pop_front();
+            }
+        }
         let mut head = FragmentHead::default();
-        let header_len = if first { 19 } else { 18 };
-        head.push(&((header_len + end - self.offset) as u32).to_be_bytes());
+        let header_len = if self.first { 19 } else { 18 };
+        head.push(&((header_len + data_len) as u32).to_be_bytes());
         head.push(&[
             VERSION_MAGIC,
-            if first {
+            if self.first {
                 DIST_FRAG_HEADER
             } else {
                 DIST_FRAG_CONT
@@ -308,11 +357,10 @@ impl Fragmenter {
         ]);
         head.push(&self.sequence.to_be_bytes());
         head.push(&self.next_id.to_be_bytes());
-        if first {
+        if self.first {
             head.push(&[0]); // no atom cache references
         }
-        let data = self.body.slice(self.offset..end);
-        self.offset = end;
+        self.first = false;
         self.next_id -= 1;
         Some((head, data))
     }
@@ -353,12 +401,15 @@ mod tests {
             atom("xla"),
         ]);
         let payload = binary(vec![7u8; 3 * FRAGMENT_SIZE + 11]);
-        let body = encode_message(&control, Some(&payload), true);
-        assert!(Fragmenter::needed(&body));
-        let mut fragments = Fragmenter::new(42, Bytes::from(body));
+        let Encoded::Large(body) = encode_owned(&control, Some(payload.clone()), true) else {
+            panic!("a message this large is sent in fragments");
+        };
+        let mut fragments = Fragmenter::new(42, body);
         let mut frames = Vec::new();
         while let Some((head, data)) = fragments.next_fragment() {
-            frames.push([&head[..], &data[..]].concat());
+            let mut frame = head.to_vec();
+            data.iter().for_each(|d| frame.extend_from_slice(d));
+            frames.push(frame);
         }
         assert_eq!(frames.len(), 4);
         let mut decoder = FrameDecoder::default();

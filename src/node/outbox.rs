@@ -12,10 +12,10 @@
 //! direct write hands its rest to the writer, which then writes it before anything else.
 
 use super::control::ControlMessage;
-use super::frame::{self, Fragmenter};
-use bytes::Bytes;
+use super::frame::{self, Encoded};
+use bytes::{Buf, Bytes};
 use eetf::{Pid, Term};
-use std::io::ErrorKind;
+use std::io::{ErrorKind, IoSlice};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
@@ -28,12 +28,12 @@ pub enum Outgoing {
         sender: u32,
         message: Box<(ControlMessage, Option<Term>)>,
     },
-    /// A whole frame (length prefix included) from `sender`.
-    Frame { sender: u32, frame: Bytes },
+    /// A whole frame (length prefix included) from `sender`, in chunks.
+    Frame { sender: u32, frame: Vec<Bytes> },
     /// A header-format message body too large for one frame: the writer sends it in fragments.
-    Large { sender: u32, body: Bytes },
+    Large { sender: u32, body: Vec<Bytes> },
     /// The unwritten rest of a frame a sender began writing directly: goes out first, as is.
-    Rest(Bytes),
+    Rest(Vec<Bytes>),
 }
 
 pub struct Outbox {
@@ -78,26 +78,26 @@ impl Outbox {
         };
         drop(state);
         // Encode outside the lock: a large message must not hold up other senders.
-        let frame = frame::encode_frame(&control.to_term(), payload.as_ref(), header_format);
-        if header_format && Fragmenter::needed(&frame[4..]) {
-            let body = Bytes::from(frame).slice(4..);
-            return self.hand_over(self.lock(), Outgoing::Large { sender, body });
-        }
+        let mut frame = match frame::encode_owned(&control.to_term(), payload, header_format) {
+            Encoded::Large(body) => {
+                return self.hand_over(self.lock(), Outgoing::Large { sender, body })
+            }
+            Encoded::Frame(frame) => frame,
+        };
         let state = self.lock();
         if state.pending > 0 || state.link.is_none() {
-            return self.hand_over(
-                state,
-                Outgoing::Frame {
-                    sender,
-                    frame: Bytes::from(frame),
-                },
-            );
+            return self.hand_over(state, Outgoing::Frame { sender, frame });
         }
-        match socket.as_ref().as_ref().try_write(&frame) {
-            Ok(n) if n == frame.len() => {}
-            Ok(n) => self.hand_over(state, Outgoing::Rest(Bytes::from(frame).slice(n..))),
+        let slices: Vec<IoSlice> = frame.iter().map(|c| IoSlice::new(c)).collect();
+        let total: usize = frame.iter().map(Bytes::len).sum();
+        match socket.as_ref().as_ref().try_write_vectored(&slices) {
+            Ok(n) if n == total => {}
+            Ok(n) => {
+                advance(&mut frame, n);
+                self.hand_over(state, Outgoing::Rest(frame))
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                self.hand_over(state, Outgoing::Rest(Bytes::from(frame)))
+                self.hand_over(state, Outgoing::Rest(frame))
             }
             // The connection is failing; its reader or writer reports it and the peer goes down.
             Err(_) => {}
@@ -130,5 +130,92 @@ impl Outbox {
     /// The writer task: claims the socket for a frame of its own (a tick), as if it were queued.
     pub(crate) fn claim(&self) {
         self.lock().pending += 1;
+    }
+}
+
+/// Drops the first `n` bytes of a chunked frame.
+fn advance(chunks: &mut Vec<Bytes>, mut n: usize) {
+    while let Some(first) = chunks.first_mut() {
+        if first.len() > n {
+            first.advance(n);
+            return;
+        }
+        n -= first.len();
+        chunks.remove(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::frame::{Fragmenter, FrameDecoder};
+    use crate::node::term::{atom, binary, int, list, tuple};
+
+    fn control() -> Term {
+        tuple(vec![int(2), atom(""), Term::from(Pid::new("a@b", 1, 0, 1))])
+    }
+
+    #[test]
+    fn large_binaries_are_sent_from_where_they_are() {
+        let big = vec![7u8; 3 * frame::FRAGMENT_SIZE + 5];
+        let at = big.as_ptr();
+        let mut map = std::collections::HashMap::new();
+        map.insert(atom("data"), binary(vec![9u8; 200_000]));
+        let payload = tuple(vec![
+            atom("echo"),
+            binary(big),
+            list(vec![int(1), Term::from(eetf::Map::from(map))]),
+        ]);
+        let expected = payload.clone();
+        let Encoded::Large(body) = frame::encode_owned(&control(), Some(payload), true) else {
+            panic!("large messages are fragmented");
+        };
+        assert!(
+            body.iter().any(|chunk| chunk.as_ptr() == at),
+            "the binary's own buffer is one of the chunks"
+        );
+        let mut fragments = Fragmenter::new(1, body);
+        let mut decoder = FrameDecoder::default();
+        let mut message = None;
+        while let Some((head, data)) = fragments.next_fragment() {
+            let mut frame = head[4..].to_vec();
+            data.iter().for_each(|d| frame.extend_from_slice(d));
+            message = decoder.decode(&frame).unwrap();
+        }
+        let message = message.expect("the last fragment completes the message");
+        assert_eq!(message.control, control());
+        assert_eq!(message.payload, Some(expected));
+    }
+
+    #[test]
+    fn pass_through_frames_carry_large_binaries_too() {
+        let payload = binary(vec![3u8; 100_000]);
+        let Encoded::Frame(frame) = frame::encode_owned(&control(), Some(payload.clone()), false)
+        else {
+            panic!("without the header format there are no fragments");
+        };
+        assert!(frame.len() > 1);
+        let bytes: Vec<u8> = frame.concat();
+        assert_eq!(bytes[..4], ((bytes.len() - 4) as u32).to_be_bytes());
+        let message = FrameDecoder::default()
+            .decode(&bytes[4..])
+            .unwrap()
+            .unwrap();
+        assert_eq!(message.payload, Some(payload));
+    }
+
+    #[test]
+    fn advance_drops_whole_and_partial_chunks() {
+        let mut chunks = vec![
+            Bytes::from_static(b"abc"),
+            Bytes::from_static(b"defg"),
+            Bytes::from_static(b"hi"),
+        ];
+        advance(&mut chunks, 5);
+        assert_eq!(chunks.concat(), b"fghi");
+        advance(&mut chunks, 2);
+        assert_eq!(chunks.concat(), b"hi");
+        advance(&mut chunks, 2);
+        assert!(chunks.is_empty());
     }
 }

@@ -7,6 +7,7 @@
 //! it finds where a term ends, rejects unknown or unsupported tags, checks every length against the
 //! bytes that are really there and bounds the nesting depth. Only then is the slice handed to eetf.
 
+use bytes::Bytes;
 use eetf::{Atom, Binary, FixInteger, List, Reference, Term, Tuple};
 use std::io::Read;
 
@@ -294,6 +295,155 @@ pub fn encode_bare_into(term: &Term, out: &mut Vec<u8>) {
     term.encode(&mut writer)
         .expect("encoding a well-formed term into memory");
 }
+
+/// Binaries at least this large are moved out of their term into a chunk of their own when the
+/// term is encoded by value ([`encode_bare_owned`]), instead of being copied.
+pub const SHARED_BINARY: usize = 64 * 1024;
+
+/// An encoded term (or message) as a list of chunks: runs of encoded bytes, and large binaries
+/// moved out of the term without a copy. The writer hands them to `writev` as they are.
+#[derive(Default)]
+pub struct Chunks {
+    done: Vec<Bytes>,
+    current: Vec<u8>,
+    len: usize,
+}
+
+impl Chunks {
+    pub fn new() -> Chunks {
+        Chunks::default()
+    }
+
+    /// Total encoded length.
+    pub fn len(&self) -> usize {
+        self.len + self.current.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The buffer small encodings are appended to.
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.current
+    }
+
+    fn put_shared(&mut self, bytes: Vec<u8>) {
+        if !self.current.is_empty() {
+            let current = std::mem::take(&mut self.current);
+            self.len += current.len();
+            self.done.push(Bytes::from(current));
+        }
+        self.len += bytes.len();
+        self.done.push(Bytes::from(bytes));
+    }
+
+    /// Overwrites the first four bytes (a length prefix reserved before encoding).
+    pub fn set_prefix(&mut self, prefix: [u8; 4]) {
+        match self.done.first_mut() {
+            None => self.current[..4].copy_from_slice(&prefix),
+            Some(first) => {
+                // The first chunk is always encoded bytes (a shared binary follows a header), so
+                // it is small: rebuilding it is cheap.
+                let mut rebuilt = first.to_vec();
+                rebuilt[..4].copy_from_slice(&prefix);
+                *first = Bytes::from(rebuilt);
+            }
+        }
+    }
+
+    pub fn into_chunks(mut self) -> Vec<Bytes> {
+        if !self.current.is_empty() || self.done.is_empty() {
+            self.done.push(Bytes::from(self.current));
+        }
+        self.done
+    }
+}
+
+/// Encodes `term` (without the version byte) into `out`, moving binaries of at least
+/// [`SHARED_BINARY`] bytes into chunks of their own: a 16 MiB reply is not copied to be sent.
+pub fn encode_bare_owned(term: Term, out: &mut Chunks) {
+    if !has_shared_binary(&term, 0) {
+        return encode_bare_into(&term, out.bytes_mut());
+    }
+    match term {
+        Term::Binary(b) => {
+            out.current.push(BINARY_EXT);
+            out.current
+                .extend_from_slice(&(b.bytes.len() as u32).to_be_bytes());
+            out.put_shared(b.bytes);
+        }
+        Term::Tuple(t) => {
+            if t.elements.len() < 0x100 {
+                out.current
+                    .extend_from_slice(&[SMALL_TUPLE_EXT, t.elements.len() as u8]);
+            } else {
+                out.current.push(LARGE_TUPLE_EXT);
+                out.current
+                    .extend_from_slice(&(t.elements.len() as u32).to_be_bytes());
+            }
+            for e in t.elements {
+                encode_bare_owned(e, out);
+            }
+        }
+        Term::List(l) => {
+            out.current.push(LIST_EXT);
+            out.current
+                .extend_from_slice(&(l.elements.len() as u32).to_be_bytes());
+            for e in l.elements {
+                encode_bare_owned(e, out);
+            }
+            out.current.push(NIL_EXT);
+        }
+        Term::ImproperList(l) => {
+            out.current.push(LIST_EXT);
+            out.current
+                .extend_from_slice(&(l.elements.len() as u32).to_be_bytes());
+            for e in l.elements {
+                encode_bare_owned(e, out);
+            }
+            encode_bare_owned(*l.last, out);
+        }
+        Term::Map(m) => {
+            out.current.push(MAP_EXT);
+            out.current
+                .extend_from_slice(&(m.map.len() as u32).to_be_bytes());
+            for (k, v) in m.map {
+                encode_bare_owned(k, out);
+                encode_bare_owned(v, out);
+            }
+        }
+        other => encode_bare_into(&other, out.bytes_mut()),
+    }
+}
+
+/// Whether `term` holds a binary of at least [`SHARED_BINARY`] bytes (within the depth bound).
+fn has_shared_binary(term: &Term, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    match term {
+        Term::Binary(b) => b.bytes.len() >= SHARED_BINARY,
+        Term::Tuple(t) => t.elements.iter().any(|e| has_shared_binary(e, depth + 1)),
+        Term::List(l) => l.elements.iter().any(|e| has_shared_binary(e, depth + 1)),
+        Term::ImproperList(l) => {
+            l.elements.iter().any(|e| has_shared_binary(e, depth + 1))
+                || has_shared_binary(&l.last, depth + 1)
+        }
+        Term::Map(m) => m
+            .map
+            .iter()
+            .any(|(k, v)| has_shared_binary(k, depth + 1) || has_shared_binary(v, depth + 1)),
+        _ => false,
+    }
+}
+
+const SMALL_TUPLE_EXT: u8 = 104;
+const LARGE_TUPLE_EXT: u8 = 105;
+const NIL_EXT: u8 = 106;
+const LIST_EXT: u8 = 108;
+const BINARY_EXT: u8 = 109;
+const MAP_EXT: u8 = 116;
 
 /// Drops the version byte eetf writes first, so that a large payload is written once instead of
 /// being shifted afterwards.
