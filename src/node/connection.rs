@@ -14,6 +14,7 @@
 use super::frame::{self, Encoded, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;
 use super::outbox::{Outbox, Outgoing};
+use super::reassembly;
 use super::{flags, signals, Node};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
@@ -68,80 +69,85 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
     // to gather many small frames per syscall.
     let mut reader = BufReader::with_capacity(16 * 1024, half);
     let mut decoder = FrameDecoder::default();
-    // Reused for every frame that is not a continuation fragment.
+    // Reused for every frame that is not part of a fragmented message.
     let mut body: Vec<u8> = Vec::new();
     loop {
-        let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
-            Err(_) => return format!("no data for net_ticktime ({ticktime:?})"),
-            Ok(Err(e)) => return format!("connection closed ({e})"),
-            Ok(Ok(len)) => len as usize,
-        };
-        if len == 0 {
-            continue; // tick
-        }
-        if len > MAX_FRAME {
-            tracing::warn!(%peer, "frame of {len} bytes exceeds the limit; dropping the connection");
-            return format!("frame of {len} bytes");
-        }
-        // Continuation fragments (`131 'F'`, 18-byte header) go from the socket straight into
-        // their message's buffer: large transfers are copied once here instead of twice.
-        if len > 18 {
-            let mut head = [0u8; 18];
-            if let Err(e) = read_exact_within(&mut reader, &mut head, ticktime).await {
-                return e;
-            }
-            if head[..2] == [131, b'F'] {
-                let (seq, id) = frame::fragment_ids(&head).expect("18-byte header");
-                let rest = len - 18;
-                let buffer = match decoder.continuation(seq, id, rest) {
-                    Ok(buffer) => buffer,
-                    Err(e) => {
-                        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
-                        return format!("malformed frame: {e}");
-                    }
-                };
-                if let Err(e) = read_to_end_within(&mut reader, buffer, rest, ticktime).await {
-                    return e;
-                }
-                match decoder.continued(seq) {
-                    Ok(None) => continue,
-                    Ok(Some(message)) => {
-                        if let Err(e) = signals::handle(node, peer, message) {
-                            tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
-                            return format!("malformed control message: {e}");
-                        }
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
-                        return format!("malformed frame: {e}");
-                    }
-                }
-            }
-            body.clear();
-            body.extend_from_slice(&head);
-            if let Err(e) = read_to_end_within(&mut reader, &mut body, len - 18, ticktime).await {
-                return e;
-            }
-        } else {
-            body.clear();
-            if let Err(e) = read_to_end_within(&mut reader, &mut body, len, ticktime).await {
-                return e;
-            }
-        }
-        let message = match decoder.decode(&body) {
-            Ok(Some(m)) => m,
+        let message = match read_frame(&mut reader, &mut decoder, &mut body, peer, ticktime).await {
+            Ok(Some(message)) => message,
             Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
-                return format!("malformed frame: {e}");
-            }
+            Err(reason) => return reason,
         };
         if let Err(e) = signals::handle(node, peer, message) {
             tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
             return format!("malformed control message: {e}");
         }
     }
+}
+
+/// Reads one frame: returns the message it completes, if any, or why the connection ends.
+async fn read_frame(
+    reader: &mut BufReader<OwnedReadHalf>,
+    decoder: &mut FrameDecoder,
+    body: &mut Vec<u8>,
+    peer: &str,
+    ticktime: Duration,
+) -> Result<Option<frame::Message>, String> {
+    let malformed = |e: &dyn std::fmt::Display| {
+        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
+        format!("malformed frame: {e}")
+    };
+    let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
+        Err(_) => return Err(format!("no data for net_ticktime ({ticktime:?})")),
+        Ok(Err(e)) => return Err(format!("connection closed ({e})")),
+        Ok(Ok(len)) => len as usize,
+    };
+    if len == 0 {
+        return Ok(None); // tick
+    }
+    if len > MAX_FRAME {
+        tracing::warn!(%peer, "frame of {len} bytes exceeds the limit; dropping the connection");
+        return Err(format!("frame of {len} bytes"));
+    }
+    // Fragments of a fragmented message (`131 'E'`, 19-byte header, then `131 'F'`, 18 bytes) go
+    // from the socket straight into the message's reassembly, large binaries into vectors of
+    // their own that become the decoded binaries: their data is copied once, by the read.
+    let mut head = [0u8; 19];
+    let mut head_len = 0;
+    if len > 18 {
+        read_exact_within(reader, &mut head[..18], ticktime).await?;
+        head_len = 18;
+        let fragment = match head[..2] {
+            [131, b'F'] => {
+                let (seq, id) = frame::fragment_ids(&head[..18]).expect("18-byte header");
+                let message = decoder
+                    .continuation(seq, id, len - 18)
+                    .map_err(|e| malformed(&e))?;
+                Some((seq, message))
+            }
+            [131, b'E'] => {
+                read_exact_within(reader, &mut head[18..], ticktime).await?;
+                head_len = 19;
+                let (seq, id) = frame::first_fragment_ids(&head).map_err(|e| malformed(&e))?;
+                // A message in one fragment is decoded from `body` like any other frame.
+                (id > 1).then(|| (seq, decoder.start(seq, id, len - 19)))
+            }
+            _ => None,
+        };
+        if let Some((seq, message)) = fragment {
+            let read = reassembly::read_into(reader, message, len - head_len);
+            match tokio::time::timeout(ticktime, read).await {
+                Err(_) => return Err("frame stalled for net_ticktime".to_string()),
+                Ok(Err(reassembly::ReadError::Frame(e))) => return Err(malformed(&e)),
+                Ok(Err(e)) => return Err(e.to_string()),
+                Ok(Ok(())) => {}
+            }
+            return decoder.continued(seq).map_err(|e| malformed(&e));
+        }
+    }
+    body.clear();
+    body.extend_from_slice(&head[..head_len]);
+    read_to_end_within(reader, body, len - head_len, ticktime).await?;
+    decoder.decode(body).map_err(|e| malformed(&e))
 }
 
 /// A sender's messages that must wait behind one of its messages being sent in fragments.

@@ -6,12 +6,15 @@
 //!   DFLAG_FRAGMENTS is not negotiated;
 //! - `131 'D'` distribution header (no atom cache: zero references) + control + payload without
 //!   version bytes;
-//! - `131 'E'` / `131 'F'`: the first and following fragments of a large message, reassembled here.
+//! - `131 'E'` / `131 'F'`: the first and following fragments of a large message, reassembled
+//!   here by [`super::reassembly`], which keeps large binaries out of the reassembled bytes so that
+//!   they are never copied.
 //!
 //! OTP requires the header format back once FRAGMENTS is negotiated (a pass-through frame then kills
 //! the connection), so [`encode_message`] picks the format from the negotiated flags.
 
 use super::control::ControlMessage;
+use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
 use super::term::{decode_at, encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
 use bytes::{Buf, Bytes};
 use eetf::Term;
@@ -22,10 +25,6 @@ pub const FRAGMENT_SIZE: usize = 64 * 1024;
 
 /// Largest message (after reassembly) accepted from a peer.
 pub const MAX_MESSAGE_SIZE: usize = 1 << 31;
-
-/// Most memory reserved up front for a fragmented message, from the fragment count its first
-/// fragment announces; larger messages grow past it as their fragments really arrive.
-const PREALLOCATE_LIMIT: usize = 256 << 20;
 
 const PASS_THROUGH: u8 = 112;
 const VERSION_MAGIC: u8 = 131;
@@ -58,15 +57,25 @@ pub struct Message {
     pub payload: Option<Term>,
 }
 
-struct Reassembly {
+/// A fragmented message being received.
+struct Partial {
     next_id: u64,
-    data: Vec<u8>,
+    /// Bytes of data received in its fragments so far.
+    received: usize,
+    message: Reassembly,
 }
 
 /// Turns frame bodies into messages, holding partially received fragmented messages.
-#[derive(Default)]
 pub struct FrameDecoder {
-    in_progress: HashMap<u64, Reassembly>,
+    in_progress: HashMap<u64, Partial>,
+    nonce: Nonce,
+    big_binary: usize,
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        FrameDecoder::with_big_binary(BIG_BINARY)
+    }
 }
 
 impl FrameDecoder {
@@ -98,35 +107,18 @@ impl FrameDecoder {
                 decode_message(&body[3..]).map(Some)
             }
             [VERSION_MAGIC, DIST_FRAG_HEADER, ..] => {
-                let (seq, id) = fragment_ids(body)?;
-                match body.get(18) {
-                    Some(0) => {}
-                    Some(_) => return Err(FrameError::AtomCache),
-                    None => return Err(TermError::Truncated(18).into()),
-                }
+                let (seq, id) = first_fragment_ids(body)?;
                 let data = &body[19..];
                 if id <= 1 {
                     return decode_message(data).map(Some);
                 }
-                // `id` fragments of about this one's size follow: reserve for all of them at once
-                // (within a bound, as the count comes from the peer) so that a large message is
-                // not copied again each time its buffer would double.
-                let expected = data.len().saturating_mul(id as usize);
-                let mut buffer = Vec::with_capacity(expected.min(PREALLOCATE_LIMIT));
-                buffer.extend_from_slice(data);
-                self.in_progress.insert(
-                    seq,
-                    Reassembly {
-                        next_id: id - 1,
-                        data: buffer,
-                    },
-                );
+                self.start(seq, id, data.len()).feed(data)?;
                 Ok(None)
             }
             [VERSION_MAGIC, DIST_FRAG_CONT, ..] => {
                 let (seq, id) = fragment_ids(body)?;
                 self.continuation(seq, id, body.len() - 18)?
-                    .extend_from_slice(&body[18..]);
+                    .feed(&body[18..])?;
                 self.continued(seq)
             }
             _ => Err(FrameError::UnknownType(
@@ -137,37 +129,81 @@ impl FrameDecoder {
 }
 
 impl FrameDecoder {
+    /// A decoder that keeps binaries of at least `big_binary` bytes out of reassembled messages.
+    /// The messages are the same for any threshold (above a placeholder's 16 bytes).
+    pub(crate) fn with_big_binary(big_binary: usize) -> Self {
+        FrameDecoder {
+            in_progress: HashMap::new(),
+            nonce: rand::random(),
+            big_binary,
+        }
+    }
+
+    /// For a `131 'E'` frame of sequence `seq` that announces `id` > 1 fragments and carries `len`
+    /// bytes of data: starts the message (replacing any unfinished one of the same sequence) and
+    /// returns its reassembly, into which the reader moves the data straight from the socket.
+    pub fn start(&mut self, seq: u64, id: u64, len: usize) -> &mut Reassembly {
+        // `id` fragments of about this one's size: the reassembly reserves for them (within a
+        // bound, as the count comes from the peer).
+        let expected = len.saturating_mul(usize::try_from(id).unwrap_or(usize::MAX));
+        let partial = Partial {
+            next_id: id.saturating_sub(1),
+            received: len,
+            message: Reassembly::new(self.nonce, expected, self.big_binary),
+        };
+        match self.in_progress.entry(seq) {
+            std::collections::hash_map::Entry::Occupied(mut slot) => {
+                slot.insert(partial);
+                &mut slot.into_mut().message
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => &mut slot.insert(partial).message,
+        }
+    }
+
     /// For a `131 'F'` frame of sequence `seq` and fragment `id` carrying `len` bytes of data:
-    /// checks it continues a message in progress and returns the buffer its data is appended to,
-    /// so that the reader can move the bytes from the socket straight into it.
+    /// checks it continues a message in progress and returns its reassembly, into which the
+    /// reader moves the data straight from the socket.
     pub fn continuation(
         &mut self,
         seq: u64,
         id: u64,
         len: usize,
-    ) -> Result<&mut Vec<u8>, FrameError> {
+    ) -> Result<&mut Reassembly, FrameError> {
         let Some(partial) = self.in_progress.get_mut(&seq) else {
             return Err(FrameError::FragmentOrder { seq, id });
         };
         if partial.next_id != id || id == 0 {
             return Err(FrameError::FragmentOrder { seq, id });
         }
-        if partial.data.len() + len > MAX_MESSAGE_SIZE {
+        if partial.received.saturating_add(len) > MAX_MESSAGE_SIZE {
             return Err(FrameError::TooLarge);
         }
+        partial.received += len;
         partial.next_id -= 1;
-        Ok(&mut partial.data)
+        Ok(&mut partial.message)
     }
 
-    /// After a continuation's data was appended: the message, if that was its last fragment.
+    /// After a fragment's data went into its reassembly: the message, if that was its last
+    /// fragment.
     pub fn continued(&mut self, seq: u64) -> Result<Option<Message>, FrameError> {
         if self.in_progress.get(&seq).is_some_and(|p| p.next_id > 0) {
             return Ok(None);
         }
         match self.in_progress.remove(&seq) {
-            Some(done) => decode_message(&done.data).map(Some),
+            Some(done) => done.message.finish().map(Some),
             None => Ok(None),
         }
+    }
+}
+
+/// Sequence and fragment count of a first fragment (`131 'E' Seq:64 Id:64 0`), which must not
+/// reference the atom cache.
+pub fn first_fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
+    let ids = fragment_ids(body)?;
+    match body.get(18) {
+        Some(0) => Ok(ids),
+        Some(_) => Err(FrameError::AtomCache),
+        None => Err(TermError::Truncated(18).into()),
     }
 }
 
@@ -190,7 +226,7 @@ fn check_end(body: &[u8], end: usize) -> Result<(), FrameError> {
 }
 
 /// Control + optional payload, both without version bytes.
-fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
+pub(crate) fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
     let (control, end) = decode_at(data, 0)?;
     let payload = if ControlMessage::has_payload(ControlMessage::op_of(&control)?) {
         let (payload, end) = decode_at(data, end)?;
@@ -204,9 +240,11 @@ fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
 }
 
 /// Decodes a byte stream of length-prefixed frames, as a connection's reader would after the
-/// handshake, stopping at the first error. Used by the fuzz target and its corpus replay.
+/// handshake, stopping at the first error. Used by the fuzz target and its corpus replay. Binaries
+/// from 64 bytes up count as large in fragmented messages (the messages are the same for any
+/// threshold), so that short inputs reach the reassembly's zero-copy path too.
 pub fn decode_stream(mut data: &[u8]) -> Result<Vec<Message>, FrameError> {
-    let mut decoder = FrameDecoder::default();
+    let mut decoder = FrameDecoder::with_big_binary(64);
     let mut messages = Vec::new();
     while data.len() >= 4 {
         let len = u32::from_be_bytes(data[..4].try_into().expect("4 bytes")) as usize;

@@ -21,6 +21,7 @@ pub mod handshake;
 pub mod outbox;
 pub mod peers;
 pub mod process;
+pub mod reassembly;
 pub mod signals;
 pub mod term;
 

@@ -45,133 +45,8 @@ pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
             continue;
         }
         *top -= 1;
-        let tag_at = pos;
-        let tag = byte(buf, pos)?;
-        pos += 1;
-        let children: u64 = match tag {
-            97 => skip(buf, &mut pos, 1)?,  // SMALL_INTEGER_EXT
-            98 => skip(buf, &mut pos, 4)?,  // INTEGER_EXT
-            70 => skip(buf, &mut pos, 8)?,  // NEW_FLOAT_EXT
-            99 => skip(buf, &mut pos, 31)?, // FLOAT_EXT
-            106 => 0,                       // NIL_EXT
-            100 | 118 => {
-                // ATOM_EXT, ATOM_UTF8_EXT
-                let len = u16_at(buf, &mut pos)? as usize;
-                atom_text(buf, &mut pos, len, tag == 118)?;
-                0
-            }
-            115 | 119 => {
-                // SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT
-                let len = byte(buf, pos)? as usize;
-                pos += 1;
-                atom_text(buf, &mut pos, len, tag == 119)?;
-                0
-            }
-            107 => {
-                // STRING_EXT
-                let len = u16_at(buf, &mut pos)? as usize;
-                skip(buf, &mut pos, len)?
-            }
-            109 => {
-                // BINARY_EXT
-                let len = u32_at(buf, &mut pos)? as usize;
-                skip(buf, &mut pos, len)?
-            }
-            77 => {
-                // BIT_BINARY_EXT: the last byte holds 1..=8 significant bits
-                let len = u32_at(buf, &mut pos)? as usize;
-                let bits = byte(buf, pos)?;
-                pos += 1;
-                if len == 0 && bits != 0 || len > 0 && !(1..=8).contains(&bits) {
-                    return Err(TermError::Malformed(tag_at, "bit count out of range"));
-                }
-                skip(buf, &mut pos, len)?
-            }
-            110 | 111 => {
-                // SMALL_BIG_EXT, LARGE_BIG_EXT
-                let n = if tag == 110 {
-                    let n = byte(buf, pos)? as usize;
-                    pos += 1;
-                    n
-                } else {
-                    u32_at(buf, &mut pos)? as usize
-                };
-                let sign = byte(buf, pos)?;
-                if sign > 1 {
-                    return Err(TermError::Malformed(tag_at, "bignum sign"));
-                }
-                pos += 1;
-                skip(buf, &mut pos, n)?
-            }
-            104 => {
-                // SMALL_TUPLE_EXT
-                let arity = byte(buf, pos)? as u64;
-                pos += 1;
-                arity
-            }
-            105 => u32_at(buf, &mut pos)? as u64, // LARGE_TUPLE_EXT
-            108 => u32_at(buf, &mut pos)? as u64 + 1, // LIST_EXT: elements + tail
-            116 => u32_at(buf, &mut pos)? as u64 * 2, // MAP_EXT: keys and values
-            88 => {
-                // NEW_PID_EXT: node atom, then id, serial, creation
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 12)?
-            }
-            103 => {
-                // PID_EXT
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 9)?
-            }
-            89 => {
-                // NEW_PORT_EXT
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 8)?
-            }
-            102 => {
-                // PORT_EXT
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 5)?
-            }
-            120 => {
-                // V4_PORT_EXT
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 12)?
-            }
-            90 | 114 => {
-                // NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT
-                let len = u16_at(buf, &mut pos)? as usize;
-                if !(1..=5).contains(&len) {
-                    return Err(TermError::Malformed(tag_at, "reference length"));
-                }
-                atom_only(buf, &mut pos)?;
-                let creation = if tag == 90 { 4 } else { 1 };
-                skip(buf, &mut pos, creation + 4 * len)?
-            }
-            101 => {
-                // REFERENCE_EXT
-                atom_only(buf, &mut pos)?;
-                skip(buf, &mut pos, 5)?
-            }
-            113 => 3, // EXPORT_EXT: module, function, arity
-            112 => {
-                // NEW_FUN_EXT: Size, Arity, Uniq[16], Index, NumFree, then Module, OldIndex,
-                // OldUniq, Pid and NumFree free variables.
-                let size_at = pos;
-                let size = u32_at(buf, &mut pos)? as usize;
-                if size < 4 || size_at.checked_add(size).is_none_or(|end| end > buf.len()) {
-                    return Err(TermError::Truncated(size_at));
-                }
-                skip(buf, &mut pos, 1 + 16 + 4)?;
-                let num_free = u32_at(buf, &mut pos)? as u64;
-                4 + num_free
-            }
-            117 => {
-                // FUN_EXT (old): NumFree, Pid, Module, Index, Uniq, free variables
-                let num_free = u32_at(buf, &mut pos)? as u64;
-                4 + num_free
-            }
-            _ => return Err(TermError::UnsupportedTag { tag, at: tag_at }),
-        };
+        let Head { end, children, .. } = head(buf, pos, buf.len())?;
+        pos = end;
         if children > 0 {
             // Every term takes at least one byte: a count beyond the bytes left is a lie.
             if children > (buf.len() - pos) as u64 {
@@ -186,14 +61,172 @@ pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
     Ok(pos)
 }
 
+/// The layout of one term as [`head`] reads it from its tag and header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub tag: u8,
+    /// Offset just past the term's own bytes (tag, header fields, inline data); its child terms,
+    /// if any, follow from there.
+    pub end: usize,
+    /// How many child terms follow.
+    pub children: u64,
+    /// For NEW_FUN_EXT: where its Size field says the whole fun, children included, ends.
+    pub fun_end: Option<usize>,
+}
+
+/// Reads the tag at `buf[at]` and the header fields that give its layout. Each field that is read
+/// (lengths, counts, an atom's text) must lie in `buf`; lengths that are only skipped (a binary's
+/// data, integers, ids) are checked against `limit` instead. [`scan`] passes `buf.len()`; the
+/// reassembly of fragmented messages passes `usize::MAX` to walk a message whose later bytes have
+/// not arrived yet, and so only ever gets [`TermError::Truncated`] for a field not yet in `buf`.
+pub fn head(buf: &[u8], at: usize, limit: usize) -> Result<Head, TermError> {
+    let mut pos = at;
+    let tag = byte(buf, pos)?;
+    pos += 1;
+    let mut fun_end = None;
+    let children: u64 = match tag {
+        97 => skip(limit, &mut pos, 1)?,  // SMALL_INTEGER_EXT
+        98 => skip(limit, &mut pos, 4)?,  // INTEGER_EXT
+        70 => skip(limit, &mut pos, 8)?,  // NEW_FLOAT_EXT
+        99 => skip(limit, &mut pos, 31)?, // FLOAT_EXT
+        106 => 0,                         // NIL_EXT
+        100 | 118 => {
+            // ATOM_EXT, ATOM_UTF8_EXT
+            let len = u16_at(buf, &mut pos)? as usize;
+            atom_text(buf, &mut pos, len, tag == 118)?;
+            0
+        }
+        115 | 119 => {
+            // SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT
+            let len = byte(buf, pos)? as usize;
+            pos += 1;
+            atom_text(buf, &mut pos, len, tag == 119)?;
+            0
+        }
+        107 => {
+            // STRING_EXT
+            let len = u16_at(buf, &mut pos)? as usize;
+            skip(limit, &mut pos, len)?
+        }
+        109 => {
+            // BINARY_EXT
+            let len = u32_at(buf, &mut pos)? as usize;
+            skip(limit, &mut pos, len)?
+        }
+        77 => {
+            // BIT_BINARY_EXT: the last byte holds 1..=8 significant bits
+            let len = u32_at(buf, &mut pos)? as usize;
+            let bits = byte(buf, pos)?;
+            pos += 1;
+            if len == 0 && bits != 0 || len > 0 && !(1..=8).contains(&bits) {
+                return Err(TermError::Malformed(at, "bit count out of range"));
+            }
+            skip(limit, &mut pos, len)?
+        }
+        110 | 111 => {
+            // SMALL_BIG_EXT, LARGE_BIG_EXT
+            let n = if tag == 110 {
+                let n = byte(buf, pos)? as usize;
+                pos += 1;
+                n
+            } else {
+                u32_at(buf, &mut pos)? as usize
+            };
+            let sign = byte(buf, pos)?;
+            if sign > 1 {
+                return Err(TermError::Malformed(at, "bignum sign"));
+            }
+            pos += 1;
+            skip(limit, &mut pos, n)?
+        }
+        104 => {
+            // SMALL_TUPLE_EXT
+            let arity = byte(buf, pos)? as u64;
+            pos += 1;
+            arity
+        }
+        105 => u32_at(buf, &mut pos)? as u64, // LARGE_TUPLE_EXT
+        108 => u32_at(buf, &mut pos)? as u64 + 1, // LIST_EXT: elements + tail
+        116 => u32_at(buf, &mut pos)? as u64 * 2, // MAP_EXT: keys and values
+        88 => {
+            // NEW_PID_EXT: node atom, then id, serial, creation
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 12)?
+        }
+        103 => {
+            // PID_EXT
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 9)?
+        }
+        89 => {
+            // NEW_PORT_EXT
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 8)?
+        }
+        102 => {
+            // PORT_EXT
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 5)?
+        }
+        120 => {
+            // V4_PORT_EXT
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 12)?
+        }
+        90 | 114 => {
+            // NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT
+            let len = u16_at(buf, &mut pos)? as usize;
+            if !(1..=5).contains(&len) {
+                return Err(TermError::Malformed(at, "reference length"));
+            }
+            atom_only(buf, &mut pos)?;
+            let creation = if tag == 90 { 4 } else { 1 };
+            skip(limit, &mut pos, creation + 4 * len)?
+        }
+        101 => {
+            // REFERENCE_EXT
+            atom_only(buf, &mut pos)?;
+            skip(limit, &mut pos, 5)?
+        }
+        113 => 3, // EXPORT_EXT: module, function, arity
+        112 => {
+            // NEW_FUN_EXT: Size, Arity, Uniq[16], Index, NumFree, then Module, OldIndex,
+            // OldUniq, Pid and NumFree free variables.
+            let size_at = pos;
+            let size = u32_at(buf, &mut pos)? as usize;
+            let end = size_at.checked_add(size);
+            if size < 4 || end.is_none_or(|end| end > limit) {
+                return Err(TermError::Truncated(size_at));
+            }
+            fun_end = end;
+            skip(limit, &mut pos, 1 + 16 + 4)?;
+            let num_free = u32_at(buf, &mut pos)? as u64;
+            4 + num_free
+        }
+        117 => {
+            // FUN_EXT (old): NumFree, Pid, Module, Index, Uniq, free variables
+            let num_free = u32_at(buf, &mut pos)? as u64;
+            4 + num_free
+        }
+        _ => return Err(TermError::UnsupportedTag { tag, at }),
+    };
+    Ok(Head {
+        tag,
+        end: pos,
+        children,
+        fun_end,
+    })
+}
+
 fn byte(buf: &[u8], pos: usize) -> Result<u8, TermError> {
     buf.get(pos).copied().ok_or(TermError::Truncated(pos))
 }
 
-/// Advances past `n` bytes; returns 0 (no child terms) for use in the tag table.
-fn skip(buf: &[u8], pos: &mut usize, n: usize) -> Result<u64, TermError> {
+/// Advances past `n` bytes that must end within `limit`; returns 0 (no child terms) for use in
+/// the tag table.
+fn skip(limit: usize, pos: &mut usize, n: usize) -> Result<u64, TermError> {
     match pos.checked_add(n) {
-        Some(end) if end <= buf.len() => {
+        Some(end) if end <= limit => {
             *pos = end;
             Ok(0)
         }
@@ -215,7 +248,7 @@ fn u32_at(buf: &[u8], pos: &mut usize) -> Result<u32, TermError> {
 
 fn atom_text(buf: &[u8], pos: &mut usize, len: usize, utf8: bool) -> Result<(), TermError> {
     let at = *pos;
-    skip(buf, pos, len)?;
+    skip(buf.len(), pos, len)?;
     if utf8 && std::str::from_utf8(&buf[at..at + len]).is_err() {
         return Err(TermError::Malformed(at, "atom is not UTF-8"));
     }
@@ -640,5 +673,35 @@ mod tests {
     fn accepts_a_million_element_list() {
         let t = list((0..1_000_000).map(|i| int(i % 200)).collect());
         assert_eq!(roundtrip(&t), t);
+    }
+
+    #[test]
+    fn head_reads_layouts_before_the_data_arrives() {
+        // A binary's header is enough to know where it ends; `scan`'s limit is the buffer.
+        let binary = [109, 0, 0, 1, 0, 42];
+        let head_of = |limit| head(&binary, 0, limit);
+        assert_eq!(
+            head_of(usize::MAX).map(|h| (h.tag, h.end)),
+            Ok((109, 5 + 256))
+        );
+        assert_eq!(head_of(binary.len()), Err(TermError::Truncated(5)));
+        assert_eq!(
+            head(&binary[..3], 0, usize::MAX),
+            Err(TermError::Truncated(1))
+        );
+        // Atom text is read, so it must be there whatever the limit.
+        assert!(matches!(
+            head(&[100, 0, 3, b'a'], 0, usize::MAX),
+            Err(TermError::Truncated(_))
+        ));
+        // Containers: a header, then children.
+        let list = head(&[108, 0, 0, 0, 2], 0, usize::MAX).unwrap();
+        assert_eq!((list.end, list.children), (5, 3));
+        // A new fun's Size says where the whole fun ends.
+        let mut fun = vec![112, 0, 0, 0, 200, 1];
+        fun.extend_from_slice(&[0; 20]);
+        fun.extend_from_slice(&[0, 0, 0, 1]);
+        let fun = head(&fun, 0, usize::MAX).unwrap();
+        assert_eq!((fun.fun_end, fun.children), (Some(201), 5));
     }
 }
