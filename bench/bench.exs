@@ -76,9 +76,9 @@ if parts in ["all", "node"] do
   ])
 
   big = :crypto.strong_rand_bytes(16 * 1024 * 1024)
-  s = Bench.interleave([xla: fn -> ^big = GenServer.call({:xla, xla}, {:echo, big}, 60_000) end, beam: fn -> ^big = GenServer.call({:baseline, base}, {:echo, big}, 60_000) end], 5, 6)
+  s = Bench.interleave([xla: fn -> ^big = GenServer.call({:xla, xla}, {:echo, big}, 60_000) end, beam: fn -> ^big = GenServer.call({:baseline, base}, {:echo, big}, 60_000) end], 10, 10)
   mbps = fn samples -> 16 / (Bench.median(samples) / 1_000_000) end
-  Bench.report("16 MiB echo (30 each, interleaved; MiB echoed per second of round trip)", [
+  Bench.report("16 MiB echo (100 each, interleaved; MiB echoed per second of round trip)", [
     "xla_node: #{Float.round(mbps.(s.xla), 1)} MiB/s",
     "BEAM:     #{Float.round(mbps.(s.beam), 1)} MiB/s",
     "ratio xla_node/BEAM throughput: #{Float.round(mbps.(s.xla) / mbps.(s.beam), 3)}  (target >= 1.2)"

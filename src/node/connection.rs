@@ -1,12 +1,13 @@
 //! One established distribution connection: a reader and a batching writer over one TCP stream.
 //!
-//! Writer: every queued message is encoded by the writer task, and everything queued at that
-//! moment goes out in one `write` (one TCP segment for small messages; TCP_NODELAY is set).
-//! Messages too large for one fragment are cut into 64 KiB fragments, and the writer sends one
-//! fragment per round, so a 64 MiB transfer does not stall small messages from other processes.
-//! Messages from one sender stay in order: once a sender has a message in fragments, its later
-//! messages wait in the same lane. Ticks go out when nothing else has been written for a tick
-//! interval.
+//! Writer: senders encode their messages and, when the writer is idle, write them themselves
+//! (see [`super::outbox`]); everything else is queued here, and everything queued at that moment
+//! goes out in one `writev` (one TCP segment for small messages; TCP_NODELAY is set). Messages too
+//! large for one frame are cut into fragments ([`frame::FRAGMENT_SIZE`]), and the writer sends at
+//! most [`BATCH_LIMIT`] of them per round, so a 64 MiB transfer does not stall small messages from
+//! other processes. Messages from one sender stay in order: once a sender has a message in
+//! fragments, its later messages wait in the same lane. Ticks go out when nothing else has been
+//! written for a tick interval.
 //!
 //! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
 //! silent for `net_ticktime` is declared down; so is one that sends anything malformed.
@@ -27,8 +28,10 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Stop adding queued messages to a batch once it is this large.
-const BATCH_LIMIT: usize = 256 * 1024;
+/// Stop adding queued messages or fragments to a round's write once it is this large: a small
+/// message waits at most about one such write (~1 ms here) behind a large transfer, while a large
+/// transfer takes few syscalls (each a costly wake-up of the peer on a small VM).
+const BATCH_LIMIT: usize = 1024 * 1024;
 
 /// Largest single frame accepted (pass-through frames carry whole messages when FRAGMENTS is off).
 const MAX_FRAME: usize = frame::MAX_MESSAGE_SIZE;
@@ -65,7 +68,7 @@ pub async fn run(
 }
 
 async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Duration) -> String {
-    // Small enough that reads of whole 64 KiB fragments bypass it (no extra copy), large enough
+    // Small enough that reads of large binaries' data bypass it (no extra copy), large enough
     // to gather many small frames per syscall.
     let mut reader = BufReader::with_capacity(16 * 1024, half);
     let mut decoder = FrameDecoder::default();
