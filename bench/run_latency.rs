@@ -17,8 +17,14 @@ fn main() {
         .flat_map(|x| x.to_le_bytes())
         .collect();
     let n = 20000;
+    // COLD=1 evicts the caches before each run, as the network work between two requests does.
+    let cold = std::env::var_os("COLD").is_some();
+    let mut trash = vec![0u8; 8 << 20];
     let (mut up, mut ex, mut rd, mut fr) = (vec![], vec![], vec![], vec![]);
-    for _ in 0..n {
+    for i in 0..n {
+        if cold {
+            trash.iter_mut().step_by(64).for_each(|b| *b = b.wrapping_add(i as u8));
+        }
         let t0 = Instant::now();
         let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();
         let t1 = Instant::now();
