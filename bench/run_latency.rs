@@ -23,7 +23,10 @@ fn main() {
     let (mut up, mut ex, mut rd, mut fr) = (vec![], vec![], vec![], vec![]);
     for i in 0..n {
         if cold {
-            trash.iter_mut().step_by(64).for_each(|b| *b = b.wrapping_add(i as u8));
+            trash
+                .iter_mut()
+                .step_by(64)
+                .for_each(|b| *b = b.wrapping_add(i as u8));
         }
         let t0 = Instant::now();
         let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();

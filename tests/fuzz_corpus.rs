@@ -18,7 +18,11 @@ fn seed_corpus_decodes_without_panicking() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         match name.as_str() {
             "tick" => assert_eq!(frames.unwrap().len(), 0),
-            "pass_through_send" | "header_send" | "fragments" | "monitor_p" => {
+            "pass_through_send"
+            | "header_send"
+            | "fragments"
+            | "fragments_large_binaries"
+            | "monitor_p" => {
                 assert_eq!(
                     frames.unwrap_or_else(|e| panic!("{name}: {e}")).len(),
                     1,
