@@ -137,6 +137,7 @@ impl RunState {
     /// The run is over: abandon what still waits and stop watching the requester.
     pub(crate) fn close(&self) {
         self.abandon("the run is over (its callback context was closed)".to_string());
+        // Dropped outside the run's lock: a firing watch takes its own lock, then this run's.
         let registration = self.lock().watch.take();
         drop(registration);
     }
