@@ -269,4 +269,37 @@ defmodule XlaNode.XlaCallsTest do
     assert back == bin
     assert {:ok, %{node: _}} = GenServer.call({:xla, node.name}, :info)
   end
+
+  @tag timeout: 120_000
+  test "replies arrive in the order they were sent, large and small interleaved", %{node: node} do
+    # One sender (:xla), one receiver: Erlang guarantees the order. Large replies go out in
+    # fragments through the writer while small ones may be written directly by the sender; the
+    # mix must not reorder them.
+    requests =
+      for i <- 1..100 do
+        payload =
+          case rem(i, 5) do
+            0 -> :binary.copy(<<rem(i, 256)>>, 4_000_000 + i)
+            1 -> {:small, i}
+            2 -> :binary.copy(<<rem(i, 256)>>, 70_000)
+            _ -> i
+          end
+
+        ref = make_ref()
+        send({:xla, node.name}, {:"$gen_call", {self(), ref}, {:echo, payload}})
+        {ref, payload}
+      end
+
+    replies =
+      for _ <- requests do
+        receive do
+          {ref, reply} when is_reference(ref) -> {ref, reply}
+        after
+          60_000 -> flunk("a reply is missing")
+        end
+      end
+
+    assert Enum.map(replies, &elem(&1, 0)) == Enum.map(requests, &elem(&1, 0))
+    assert replies == requests
+  end
 end
