@@ -147,6 +147,31 @@ defmodule XlaNode.CallbacksTest do
     assert m =~ "noproc"
   end
 
+  test "a registered name is watched afresh after its process dies and the name is taken again", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:again))
+    name = :"cb_again_#{System.unique_integer([:positive])}"
+    target = {name, peer.node}
+    run = fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: target, callback_timeout: 20_000]}) end
+
+    first = on_peer(peer, :add_one, [name])
+    assert {:ok, [{bin, _}]} = run.()
+    assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
+
+    # The node keeps its monitor of the name between runs; the process dies meanwhile.
+    ref = Process.monitor(first)
+    Process.exit(first, :kill)
+    assert_receive {:DOWN, ^ref, :process, _, :killed}, 5_000
+    {us, reply} = :timer.tc(run)
+    assert {:error, {:runtime_error, m}} = reply
+    assert m =~ Atom.to_string(name) and m =~ Atom.to_string(peer.node)
+    assert us < 10_000_000, "the run waited for the timeout instead of noticing"
+
+    # A new process under the same name serves the next run.
+    _second = on_peer(peer, :add_one, [name])
+    assert {:ok, [{bin, _}]} = run.()
+    assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
+  end
+
   test "a silent callback server times out", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:silent))
     server = on_peer(peer, :silent, [])
