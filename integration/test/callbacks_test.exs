@@ -172,6 +172,41 @@ defmodule XlaNode.CallbacksTest do
     assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
   end
 
+  test "a requester that dies abandons its run at once, also after earlier runs of it", %{peer: peer} do
+    # A node of its own, so that its callback counters are this test's alone.
+    node = Harness.start_node()
+    Harness.connect!(node)
+    exe = compile!(node, exla_module(:requester))
+    adder = on_peer(peer, :add_one, [])
+    silent = on_peer(peer, :silent, [])
+    test = self()
+
+    requester =
+      spawn(fn ->
+        # A first run leaves the node watching this requester.
+        {:ok, _} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: adder]})
+        send(test, :first_run_done)
+        call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: silent, callback_timeout: 60_000]}, 120_000)
+      end)
+
+    assert_receive :first_run_done, 10_000
+    pending = fn -> {:ok, %{callbacks: %{pending: p}}} = call(node, :info); p end
+    assert wait_until(fn -> pending.() == 1 end), "the second run's callback never started waiting"
+
+    Process.exit(requester, :kill)
+    assert wait_until(fn -> pending.() == 0 end), "the dead requester's callback still waits"
+    assert {:ok, %{callbacks: %{open_runs: 0, errors: 1}}} = call(node, :info)
+  end
+
+  # Polls `fun` for up to 5 s.
+  defp wait_until(fun, tries \\ 100) do
+    cond do
+      fun.() -> true
+      tries == 0 -> false
+      true -> Process.sleep(50) && wait_until(fun, tries - 1)
+    end
+  end
+
   test "a silent callback server times out", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:silent))
     server = on_peer(peer, :silent, [])

@@ -489,6 +489,21 @@ impl Compute {
                 "run_errors",
                 int(self.runs.1.load(Ordering::Relaxed) as i64),
             ),
+            ("callbacks", self.callback_info()),
         ]
+    }
+
+    /// The dispatcher's counters, for `:info`.
+    fn callback_info(&self) -> Term {
+        let s = self.dispatcher.stats();
+        super::map(vec![
+            ("sent", int(s.callbacks as i64)),
+            ("replies", int(s.replies as i64)),
+            ("errors", int(s.errors as i64)),
+            ("timeouts", int(s.timeouts as i64)),
+            ("pending", int(s.pending as i64)),
+            ("outfeeds", int(s.outfeeds as i64)),
+            ("open_runs", int(s.open_runs as i64)),
+        ])
     }
 }
