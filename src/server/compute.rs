@@ -35,6 +35,15 @@ pub struct Compute {
     pub in_place: Arc<AtomicUsize>,
 }
 
+/// A claimed place for a run on a runtime thread of its own; dropping it gives the place back.
+struct InPlaceSlot(Arc<AtomicUsize>);
+
+impl Drop for InPlaceSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A run argument: a tensor from the request, or a buffer already on the device.
 enum Arg {
     Host(HostTensor),
@@ -222,8 +231,8 @@ impl Compute {
             // without waking an executor thread first.
             let this = self.clone();
             tokio::spawn(async move {
+                let _slot = InPlaceSlot(this.in_place.clone()); // given back even on a panic
                 tokio::task::block_in_place(|| this.run_and_reply(&program, args, &opts, &from));
-                this.in_place.fetch_sub(1, Ordering::Relaxed);
             });
             return;
         }
