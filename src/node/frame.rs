@@ -11,7 +11,7 @@
 //!   they are never copied.
 //!
 //! OTP requires the header format back once FRAGMENTS is negotiated (a pass-through frame then kills
-//! the connection), so [`encode_message`] picks the format from the negotiated flags.
+//! the connection), so [`encode_owned`] picks the format from the negotiated flags.
 
 use super::control::ControlMessage;
 use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
@@ -261,11 +261,18 @@ pub fn decode_stream(mut data: &[u8]) -> Result<Vec<Message>, FrameError> {
     Ok(messages)
 }
 
-/// Encodes one message body (without the length prefix) in the format the peer expects.
-pub fn encode_message(control: &Term, payload: Option<&Term>, header_format: bool) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
-    encode_message_into(control, payload, header_format, &mut body);
-    body
+/// One message body (without the length prefix) in one buffer, as [`encode_owned`] sends it: for
+/// tests that feed encoded messages to the decoder.
+#[cfg(test)]
+pub(crate) fn encode_message(
+    control: &Term,
+    payload: Option<&Term>,
+    header_format: bool,
+) -> Vec<u8> {
+    match encode_owned(control, payload.cloned(), header_format) {
+        Encoded::Frame(frame) => frame.concat()[4..].to_vec(),
+        Encoded::Large(body) => body.concat(),
+    }
 }
 
 /// One message encoded for the writer, in chunks (see [`Chunks`]): large binaries of the
@@ -303,27 +310,6 @@ pub fn encode_owned(control: &Term, payload: Option<Term>, header_format: bool) 
     }
     chunks.set_prefix((body_len as u32).to_be_bytes());
     Encoded::Frame(chunks.into_chunks())
-}
-
-fn encode_message_into(
-    control: &Term,
-    payload: Option<&Term>,
-    header_format: bool,
-    body: &mut Vec<u8>,
-) {
-    if header_format {
-        body.extend_from_slice(&[VERSION_MAGIC, DIST_HEADER, 0]);
-        encode_bare_into(control, body);
-        if let Some(payload) = payload {
-            encode_bare_into(payload, body);
-        }
-    } else {
-        body.push(PASS_THROUGH);
-        encode_into(control, body);
-        if let Some(payload) = payload {
-            encode_into(payload, body);
-        }
-    }
 }
 
 /// Splits an encoded header-format body into `131 'E'` / `131 'F'` frames, one at a time, so the

@@ -17,7 +17,7 @@
 //! them.
 
 use super::frame::{decode_message, FrameError, Message};
-use super::term::{self, TermError};
+use super::term::{self, TermError, BINARY_EXT};
 use eetf::{InternalFun, Term};
 use std::io;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
@@ -33,7 +33,6 @@ pub const PREALLOCATE_LIMIT: usize = 256 << 20;
 /// First reservation for the small bytes, before large binaries can have been seen.
 const FIRST_SMALL: usize = 64 * 1024;
 
-const BINARY_EXT: u8 = 109;
 /// `BINARY_EXT` tag and 32-bit length.
 const BINARY_HEADER: usize = 5;
 /// Data of a placeholder binary: the nonce, then the large binary's index (32 bits).

@@ -475,7 +475,7 @@ const SMALL_TUPLE_EXT: u8 = 104;
 const LARGE_TUPLE_EXT: u8 = 105;
 const NIL_EXT: u8 = 106;
 const LIST_EXT: u8 = 108;
-const BINARY_EXT: u8 = 109;
+pub(crate) const BINARY_EXT: u8 = 109;
 const MAP_EXT: u8 = 116;
 
 /// Drops the version byte eetf writes first, so that a large payload is written once instead of
