@@ -14,7 +14,7 @@
 
 use super::frame::{self, Encoded, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;
-use super::outbox::{Outbox, Outgoing};
+use super::outbox::{advance, Outbox, Outgoing};
 use super::reassembly;
 use super::{flags, signals, Node};
 use bytes::{Bytes, BytesMut};
@@ -273,14 +273,12 @@ impl Batch {
         if !self.small.is_empty() {
             self.chunks.push(self.small.split().freeze());
         }
-        let (mut index, mut offset) = (0, 0);
-        while index < self.chunks.len() {
-            let slices: Vec<IoSlice> = std::iter::once(&self.chunks[index][offset..])
-                .chain(self.chunks[index + 1..].iter().map(|c| &c[..]))
-                .take(MAX_IOVECS)
-                .map(IoSlice::new)
+        while !self.chunks.is_empty() {
+            let slices: Vec<IoSlice> = self.chunks[..self.chunks.len().min(MAX_IOVECS)]
+                .iter()
+                .map(|c| IoSlice::new(c))
                 .collect();
-            let mut written = match stream.try_write_vectored(&slices) {
+            let written = match stream.try_write_vectored(&slices) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -290,14 +288,9 @@ impl Batch {
                 }
                 Err(e) => return Err(e),
             };
-            while index < self.chunks.len() && written >= self.chunks[index].len() - offset {
-                written -= self.chunks[index].len() - offset;
-                index += 1;
-                offset = 0;
-            }
-            offset += written;
+            drop(slices);
+            advance(&mut self.chunks, written);
         }
-        self.chunks.clear();
         self.len = 0;
         Ok(())
     }

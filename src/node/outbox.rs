@@ -133,15 +133,21 @@ impl Outbox {
     }
 }
 
-/// Drops the first `n` bytes of a chunked frame.
-fn advance(chunks: &mut Vec<Bytes>, mut n: usize) {
-    while let Some(first) = chunks.first_mut() {
-        if first.len() > n {
-            first.advance(n);
-            return;
-        }
-        n -= first.len();
-        chunks.remove(0);
+/// Drops the first `n` bytes of chunked data (what a partial `writev` wrote).
+pub(super) fn advance(chunks: &mut Vec<Bytes>, mut n: usize) {
+    let whole = chunks
+        .iter()
+        .take_while(|c| {
+            let fits = c.len() <= n;
+            if fits {
+                n -= c.len();
+            }
+            fits
+        })
+        .count();
+    chunks.drain(..whole);
+    if let Some(first) = chunks.first_mut() {
+        first.advance(n);
     }
 }
 
