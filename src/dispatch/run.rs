@@ -77,12 +77,7 @@ impl RunState {
         let requester = self.requester.clone();
         let abandon = move |reason: &Term| {
             if let Some(run) = weak.upgrade() {
-                run.abandon(format!(
-                    "the process that asked for the run, {} on node {}, exited: {}",
-                    inspect::pid(&requester),
-                    requester.node.name,
-                    inspect::reason(reason)
-                ));
+                run.abandon(requester_exited(&requester, reason));
             }
         };
         // Registered outside the run's lock: a requester already down abandons the run at once.
@@ -93,12 +88,7 @@ impl RunState {
                     inner.watch = Some(registration);
                 }
             }
-            Err(reason) => self.abandon(format!(
-                "the process that asked for the run, {} on node {}, exited: {}",
-                inspect::pid(&self.requester),
-                self.requester.node.name,
-                inspect::reason(&reason)
-            )),
+            Err(reason) => self.abandon(requester_exited(&self.requester, &reason)),
         }
     }
 
@@ -141,6 +131,16 @@ impl RunState {
         let registration = self.lock().watch.take();
         drop(registration);
     }
+}
+
+/// Why a run's callbacks are abandoned when its requester exits.
+fn requester_exited(requester: &Pid, reason: &Term) -> String {
+    format!(
+        "the process that asked for the run, {} on node {}, exited: {}",
+        inspect::pid(requester),
+        requester.node.name,
+        inspect::reason(reason)
+    )
 }
 
 fn key(r: &Reference) -> RefKey {
