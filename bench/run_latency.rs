@@ -2,7 +2,7 @@
 //! network: `cargo run --release --example run_latency`. Tells how much of `bench/run.sh xla`
 //! is XLA itself.
 use std::time::Instant;
-use xla_node::xla::{plugin_path_from_env, Client, DType};
+use xla_node::xla::{plugin_path_from_env, Client, DType, HostTensor, Input};
 
 fn main() {
     let client = Client::from_plugin(plugin_path_from_env()).expect("plugin");
@@ -20,13 +20,11 @@ fn main() {
     // COLD=1 evicts the caches before each run, as the network work between two requests does.
     let cold = std::env::var_os("COLD").is_some();
     let mut trash = vec![0u8; 8 << 20];
-    let (mut up, mut ex, mut rd, mut fr) = (vec![], vec![], vec![], vec![]);
+    let tensor = HostTensor::new(DType::F32, vec![4], data.clone());
+    let (mut up, mut ex, mut rd, mut fr, mut whole) = (vec![], vec![], vec![], vec![], vec![]);
     for i in 0..n {
         if cold {
-            trash
-                .iter_mut()
-                .step_by(64)
-                .for_each(|b| *b = b.wrapping_add(i as u8));
+            evict(&mut trash, i);
         }
         let t0 = Instant::now();
         let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();
@@ -39,12 +37,26 @@ fn main() {
         drop(b);
         let t4 = Instant::now();
         assert_eq!(v.len(), 16);
+        // The server's path: `run` (reused input buffers on CPU), read back, free.
+        if cold {
+            evict(&mut trash, i);
+        }
+        let t5 = Instant::now();
+        let out = exe.run(&[Input::Host(&tensor)]).unwrap();
+        let v = out[0].to_host().unwrap();
+        drop(out);
+        whole.push(t5.elapsed().as_nanos());
+        assert_eq!(v.len(), 16);
         up.push((t1 - t0).as_nanos());
         ex.push((t2 - t1).as_nanos());
         rd.push((t3 - t2).as_nanos());
         fr.push((t4 - t3).as_nanos());
     }
-    for (name, mut v) in [("upload", up), ("execute", ex), ("read", rd), ("free", fr)] {
+    let phases = [("upload", up), ("execute", ex), ("read", rd), ("free", fr)];
+    for (name, mut v) in phases
+        .into_iter()
+        .chain([("run, read and free (server path)", whole)])
+    {
         v.sort();
         println!(
             "{name}: median {:.1} us, p90 {:.1} us",
@@ -52,4 +64,12 @@ fn main() {
             v[n * 9 / 10] as f64 / 1000.0
         );
     }
+}
+
+/// Writes every cache line of `trash`, pushing the run's data out of the caches.
+fn evict(trash: &mut [u8], i: usize) {
+    trash
+        .iter_mut()
+        .step_by(64)
+        .for_each(|b| *b = b.wrapping_add(i as u8));
 }

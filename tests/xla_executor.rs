@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use xla_node::xla::{
-    plugin_path_from_env, register_host_handler, Attr, Client, DType, Executor, HostTensor,
+    plugin_path_from_env, register_host_handler, Attr, Client, DType, Executor, HostTensor, Input,
     ParameterSource, TensorSpec, XlaError,
 };
 
@@ -555,6 +555,70 @@ fn buffers_round_trip_and_report_types() {
     }
     let empty = c.buffer_from_host(&[], DType::F32, &[0, 3]).unwrap();
     assert_eq!(empty.to_host().unwrap(), Vec::<u8>::new());
+}
+
+/// Small host arguments go through input buffers the executable reuses: every run, on any
+/// thread, must still compute with its own arguments, next to device buffers and empty arrays.
+#[test]
+fn each_run_sees_its_own_arguments() {
+    let c = client();
+    let exe = c
+        .compile(
+            b"func.func @main(%x: tensor<4xf32>, %k: tensor<4xf32>, %e: tensor<0xf32>, %p: tensor<4xi1>) -> (tensor<4xf32>, tensor<0xf32>) {
+  %0 = stablehlo.multiply %x, %k : tensor<4xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<4xf32>
+  %1 = stablehlo.select %p, %0, %z : tensor<4xi1>, tensor<4xf32>
+  return %1, %e : tensor<4xf32>, tensor<0xf32>
+}",
+        )
+        .unwrap();
+    let k = c
+        .buffer_from_host(&le(&[1.0f32, 2.0, 3.0, 4.0]), DType::F32, &[4])
+        .unwrap();
+    let empty = t(DType::F32, &[0], vec![]);
+    std::thread::scope(|s| {
+        for thread in 0..4 {
+            let (exe, k, empty) = (&exe, &k, &empty);
+            s.spawn(move || {
+                for i in 0..200 {
+                    let v = (thread * 1000 + i) as f32;
+                    let x = t(DType::F32, &[4], le(&[v, v + 1.0, v + 2.0, v + 3.0]));
+                    let p = t(DType::Pred, &[4], vec![1, (i % 2) as u8, 1, 0]);
+                    let inputs = [
+                        Input::Host(&x),
+                        Input::Device(k),
+                        Input::Host(empty),
+                        Input::Host(&p),
+                    ];
+                    let out = exe.run(&inputs).unwrap();
+                    let second = if i % 2 == 1 { 2.0 * (v + 1.0) } else { 0.0 };
+                    assert_eq!(
+                        out[0].to_host().unwrap(),
+                        le(&[v, second, 3.0 * (v + 2.0), 0.0]),
+                        "thread {thread}, run {i}"
+                    );
+                    assert_eq!(out[1].to_host().unwrap(), Vec::<u8>::new());
+                    if i % 50 == 0 {
+                        let wrong = t(DType::F32, &[3], le(&[1.0f32, 2.0, 3.0]));
+                        let err = exe
+                            .run(&[
+                                Input::Host(&wrong),
+                                Input::Device(k),
+                                Input::Host(empty),
+                                Input::Host(&p),
+                            ])
+                            .unwrap_err();
+                        assert!(
+                            matches!(err, XlaError::Argument(ref m) if m.contains("argument 0")),
+                            "{err:?}"
+                        );
+                    }
+                }
+            });
+        }
+    });
+    // The device argument is untouched by all of it.
+    assert_eq!(k.to_host().unwrap(), le(&[1.0f32, 2.0, 3.0, 4.0]));
 }
 
 #[test]

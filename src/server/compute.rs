@@ -12,7 +12,7 @@ use crate::node::term::{
 };
 use crate::node::{Dest, Node};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Buffer, Executable, Executor, HostTensor, XlaError};
+use crate::xla::{Buffer, Executable, Executor, HostTensor, Input, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -307,7 +307,7 @@ impl Compute {
         Ok(options)
     }
 
-    /// Runs on an executor thread: check, upload, execute, collect.
+    /// Check, upload, execute, collect (on an executor thread, or inline for tiny runs).
     fn execute(
         &self,
         exe: &Executable,
@@ -357,32 +357,22 @@ impl Compute {
             }
         }
 
-        let client = self.executor.client();
-        let mut uploaded: Vec<Buffer> = Vec::new();
-        if let Some(callbacks) = &callbacks {
-            uploaded.push(client.buffer_from_host(
-                &callbacks.handle_bytes(),
+        let handle = callbacks.as_ref().map(|callbacks| {
+            HostTensor::new(
                 crate::xla::DType::U8,
-                &[8],
-            )?);
-        }
-        for arg in &args {
-            if let Arg::Host(t) = arg {
-                uploaded.push(client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
-            }
-        }
-        let mut uploaded_iter = uploaded.iter();
-        let mut inputs: Vec<&Buffer> = Vec::with_capacity(params.len());
-        if callbacks.is_some() {
-            inputs.push(uploaded_iter.next().expect("handle uploaded"));
-        }
-        for arg in &args {
-            inputs.push(match arg {
-                Arg::Host(_) => uploaded_iter.next().expect("one upload per host argument"),
-                Arg::Device(b) => b,
-            });
-        }
-        let outputs = exe.execute(&inputs)?;
+                vec![8],
+                callbacks.handle_bytes().to_vec(),
+            )
+        });
+        let inputs: Vec<Input<'_>> = handle
+            .iter()
+            .map(Input::Host)
+            .chain(args.iter().map(|arg| match arg {
+                Arg::Host(t) => Input::Host(t),
+                Arg::Device(b) => Input::Device(b),
+            }))
+            .collect();
+        let outputs = exe.run(&inputs)?;
         drop(callbacks);
         if opts.keep_on_device {
             return Ok(outputs

@@ -8,9 +8,15 @@
 //! every place an execution error can surface: Execute's return value, the
 //! device completion event and each output's ready event. Multi-result
 //! programs come back untupled, one [`Buffer`] per result.
+//!
+//! [`Executable::run`] takes host arrays and device buffers alike. On the CPU
+//! platform, small host arguments are copied into input buffers that the
+//! executable keeps from run to run: creating a PJRT buffer costs more than the
+//! whole of a tiny program's execution.
 
 use std::ffi::c_char;
 use std::fmt;
+use std::sync::{Mutex, OnceLock};
 
 use super::buffer::Buffer;
 use super::client::{slice_or_empty, str_from, Client};
@@ -83,6 +89,28 @@ pub struct Executable {
     outputs: Vec<TensorSpec>,
     parameter_source: ParameterSource,
     non_donatable: Vec<i64>,
+    /// Whether each output is stored dense row-major (fixed at compile time),
+    /// learned from the first run on the CPU platform.
+    outputs_dense: OnceLock<Vec<bool>>,
+    /// CPU platform only: sets of input buffers, one slot per parameter, that
+    /// small host arguments are copied into; a run takes a set for its duration.
+    staging: Mutex<Vec<Vec<Option<Buffer>>>>,
+}
+
+/// Host arguments of at most this many bytes in all go through reused input buffers.
+const STAGING_MAX_BYTES: usize = 64 * 1024;
+
+/// Sets of reused input buffers an executable keeps (runs beyond this many at
+/// once create and drop their own).
+const STAGING_MAX_SETS: usize = 4;
+
+/// An argument of [`Executable::run`].
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// A dense row-major host array, copied to the device for the run.
+    Host(&'a HostTensor),
+    /// A buffer already on the device.
+    Device(&'a Buffer),
 }
 
 // SAFETY: PJRT loaded executables may be executed concurrently from any
@@ -155,6 +183,8 @@ impl Client {
             outputs: Vec::new(),
             parameter_source: ParameterSource::MlirText,
             non_donatable: Vec::new(),
+            outputs_dense: OnceLock::new(),
+            staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
         match text.and_then(signature::mlir_main_parameters) {
@@ -377,14 +407,21 @@ impl Executable {
         // Take ownership of the outputs first so they are freed on any error.
         let mut outputs = Vec::with_capacity(self.outputs.len());
         let mut first_err = None;
-        for (&p, spec) in out_ptrs.iter().zip(&self.outputs) {
+        let dense = self.outputs_dense.get();
+        for (i, (&p, spec)) in out_ptrs.iter().zip(&self.outputs).enumerate() {
             if p.is_null() {
                 first_err.get_or_insert_with(|| {
                     XlaError::Runtime("execution produced no output buffer".into())
                 });
                 continue;
             }
-            outputs.push(Buffer::from_raw_with_spec(&self.client, p, spec.clone()));
+            let dense = dense.map(|d| d[i]);
+            outputs.push(Buffer::from_raw_with_spec(
+                &self.client,
+                p,
+                spec.clone(),
+                dense,
+            ));
         }
         if let Err(msg) = api.await_and_destroy(complete[0]) {
             first_err.get_or_insert(XlaError::Runtime(msg));
@@ -392,15 +429,26 @@ impl Executable {
         if let Some(err) = first_err {
             return Err(err);
         }
+        let is_cpu = self.client.inner().is_cpu;
         for b in &outputs {
-            b.await_ready()?;
+            // The CPU client defines every output by the execution's completion
+            // event, awaited above; elsewhere each output has its own.
+            if !is_cpu {
+                b.await_ready()?;
+            }
             b.mark_ready();
+        }
+        if is_cpu && dense.is_none() {
+            self.outputs_dense
+                .get_or_init(|| outputs.iter().map(Buffer::is_dense_row_major).collect());
         }
         Ok(outputs)
     }
 
-    /// Uploads host arrays, runs, and downloads the results.
-    pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
+    /// Runs the program on device 0 with host arrays and device buffers as
+    /// arguments, and waits for it. Host arrays are checked against the
+    /// parameters (type, dimensions, byte size) before anything reaches XLA.
+    pub fn run(&self, inputs: &[Input<'_>]) -> Result<Vec<Buffer>, XlaError> {
         if inputs.len() != self.parameters.len() {
             return Err(XlaError::Argument(format!(
                 "expected {} arguments, got {}",
@@ -408,21 +456,80 @@ impl Executable {
                 inputs.len()
             )));
         }
-        let mut bufs = Vec::with_capacity(inputs.len());
-        for (i, (t, p)) in inputs.iter().zip(&self.parameters).enumerate() {
-            let given = TensorSpec::new(t.dtype, t.dims.clone());
-            if &given != p || t.data.len() != p.byte_size() {
-                return Err(XlaError::Argument(format!(
-                    "argument {i}: expected {p} ({} bytes), got {given} ({} bytes)",
-                    p.byte_size(),
-                    t.data.len()
-                )));
+        let mut host_bytes = 0;
+        for (i, (input, p)) in inputs.iter().zip(&self.parameters).enumerate() {
+            if let Input::Host(t) = input {
+                if t.dtype != p.dtype || t.dims != p.dims || t.data.len() != p.byte_size() {
+                    return Err(XlaError::Argument(format!(
+                        "argument {i}: expected {p} ({} bytes), got {} ({} bytes)",
+                        p.byte_size(),
+                        t.spec(),
+                        t.data.len()
+                    )));
+                }
+                host_bytes += t.data.len();
             }
-            bufs.push(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
         }
-        let refs: Vec<&Buffer> = bufs.iter().collect();
-        let outs = self.execute(&refs)?;
-        outs.iter()
+        if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
+            let taken = self.staging.lock().expect("staging lock").pop();
+            let mut set = taken.unwrap_or_else(|| inputs.iter().map(|_| None).collect());
+            let result = self.run_staged(&mut set, inputs);
+            let mut pool = self.staging.lock().expect("staging lock");
+            if pool.len() < STAGING_MAX_SETS {
+                pool.push(set);
+            }
+            return result;
+        }
+        let uploaded = inputs
+            .iter()
+            .map(|input| match input {
+                Input::Host(t) => self
+                    .client
+                    .buffer_from_host(&t.data, t.dtype, &t.dims)
+                    .map(Some),
+                Input::Device(_) => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.execute(&Self::argument_buffers(inputs, &uploaded))
+    }
+
+    /// [`Executable::run`] with host arguments copied into `set`'s buffers;
+    /// a slot is filled by a fresh upload the first time, or when its buffer
+    /// cannot be written directly.
+    fn run_staged(
+        &self,
+        set: &mut [Option<Buffer>],
+        inputs: &[Input<'_>],
+    ) -> Result<Vec<Buffer>, XlaError> {
+        for (slot, input) in set.iter_mut().zip(inputs) {
+            if let Input::Host(t) = input {
+                let refilled = slot.as_mut().is_some_and(|b| b.overwrite(&t.data));
+                if !refilled {
+                    *slot = Some(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
+                }
+            }
+        }
+        self.execute(&Self::argument_buffers(inputs, set))
+    }
+
+    /// The buffers to execute with: device arguments as given, host arguments
+    /// from `host` (same positions).
+    fn argument_buffers<'a>(inputs: &[Input<'a>], host: &'a [Option<Buffer>]) -> Vec<&'a Buffer> {
+        inputs
+            .iter()
+            .zip(host)
+            .map(|(input, uploaded)| match input {
+                Input::Host(_) => uploaded.as_ref().expect("one buffer per host argument"),
+                Input::Device(b) => *b,
+            })
+            .collect()
+    }
+
+    /// Uploads host arrays, runs, and downloads the results.
+    pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
+        let inputs: Vec<Input<'_>> = inputs.iter().map(Input::Host).collect();
+        self.run(&inputs)?
+            .iter()
             .map(|b| {
                 Ok(HostTensor {
                     dtype: b.dtype(),

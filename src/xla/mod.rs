@@ -19,7 +19,7 @@ pub use buffer::{check_byte_size, Buffer};
 pub use client::{Api, Client, DeviceInfo, PluginAttr};
 pub use dtype::{element_count, DType, TensorSpec};
 pub use error::XlaError;
-pub use executable::{CompileOptions, Executable, HostTensor, ParameterSource};
+pub use executable::{CompileOptions, Executable, HostTensor, Input, ParameterSource};
 pub use executor::{Executor, ExecutorConfig, ExecutorStats, Job};
 pub use ffi::{register_host_handler, Attr, CallFrame, HostHandler, TensorMut, TensorRef};
 pub use signature::{mlir_main_parameters, parse_tensor_type};
