@@ -1,7 +1,12 @@
 //! Times the phases of a tiny run on the CPU plugin (upload, execute, read back), without the
 //! network: `cargo run --release --example run_latency`. Tells how much of `bench/run.sh xla`
 //! is XLA itself.
-use std::time::Instant;
+//!
+//! Before each timed step, `COLD=1` evicts the data caches (as the network work between two
+//! requests does), and `IDLE_US=N` sleeps N µs (as a server waiting for its next request does).
+//! On the 2-core VM these benchmarks ran on, 20 µs of sleep made the server's path 4 times slower
+//! (2.5 → 10 µs) and spinning for as long did not: the virtual CPU loses its caches when it idles.
+use std::time::{Duration, Instant};
 use xla_node::xla::{plugin_path_from_env, Client, DType, HostTensor, Input};
 
 fn main() {
@@ -17,15 +22,16 @@ fn main() {
         .flat_map(|x| x.to_le_bytes())
         .collect();
     let n = 20000;
-    // COLD=1 evicts the caches before each run, as the network work between two requests does.
     let cold = std::env::var_os("COLD").is_some();
+    let idle = std::env::var("IDLE_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_micros);
     let mut trash = vec![0u8; 8 << 20];
     let tensor = HostTensor::new(DType::F32, vec![4], data.clone());
     let (mut up, mut ex, mut rd, mut fr, mut whole) = (vec![], vec![], vec![], vec![], vec![]);
     for i in 0..n {
-        if cold {
-            evict(&mut trash, i);
-        }
+        between_runs(&mut trash, i, cold, idle);
         let t0 = Instant::now();
         let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();
         let t1 = Instant::now();
@@ -38,9 +44,7 @@ fn main() {
         let t4 = Instant::now();
         assert_eq!(v.len(), 16);
         // The server's path: `run` (reused input buffers on CPU), read back, free.
-        if cold {
-            evict(&mut trash, i);
-        }
+        between_runs(&mut trash, i, cold, idle);
         let t5 = Instant::now();
         let out = exe.run(&[Input::Host(&tensor)]).unwrap();
         let v = out[0].to_host().unwrap();
@@ -66,10 +70,16 @@ fn main() {
     }
 }
 
-/// Writes every cache line of `trash`, pushing the run's data out of the caches.
-fn evict(trash: &mut [u8], i: usize) {
-    trash
-        .iter_mut()
-        .step_by(64)
-        .for_each(|b| *b = b.wrapping_add(i as u8));
+/// What happens between two timed steps: nothing, a cache eviction (writing every cache line of
+/// `trash`), a sleep.
+fn between_runs(trash: &mut [u8], i: usize, cold: bool, idle: Option<Duration>) {
+    if cold {
+        trash
+            .iter_mut()
+            .step_by(64)
+            .for_each(|b| *b = b.wrapping_add(i as u8));
+    }
+    if let Some(idle) = idle {
+        std::thread::sleep(idle);
+    }
 }

@@ -29,9 +29,9 @@ pub struct Buffer {
     spec: TensorSpec,
     /// Set once the ready event has been awaited without error.
     ready: AtomicBool,
-    /// Whether XLA stores the buffer densely in row-major order, when already known (an
-    /// executable knows it for its outputs after the first run).
-    dense: Option<bool>,
+    /// Whether the buffer's memory can be accessed directly (see [`Buffer::is_direct`]), when
+    /// already known: an executable knows it for its outputs after the first run.
+    direct: Option<bool>,
     /// CPU platform only: the address of the buffer's memory, once it is known whether it can
     /// be read directly (`None`: it cannot). The memory of a CPU buffer never moves, and our
     /// buffers are never donated, so the address holds for the buffer's life.
@@ -123,20 +123,20 @@ impl Client {
 
 impl Buffer {
     /// Wraps a buffer whose type is known, e.g. from the executable's output
-    /// signature (takes ownership; saves two PJRT queries per output). `dense`
-    /// says whether its layout is dense row-major, if known.
+    /// signature (takes ownership; saves two PJRT queries per output). `direct`
+    /// is [`Buffer::is_direct`], if known.
     pub(crate) fn from_raw_with_spec(
         client: &Client,
         raw: *mut PJRT_Buffer,
         spec: TensorSpec,
-        dense: Option<bool>,
+        direct: Option<bool>,
     ) -> Buffer {
         Buffer {
             client: client.clone(),
             raw,
             spec,
             ready: AtomicBool::new(false),
-            dense,
+            direct,
             host_memory: OnceLock::new(),
         }
     }
@@ -238,8 +238,7 @@ impl Buffer {
             return None;
         }
         *self.host_memory.get_or_init(|| {
-            let dense = self.dense.unwrap_or_else(|| self.is_dense_row_major());
-            if !dense || self.on_device_size() != Some(self.byte_size()) {
+            if !self.direct.unwrap_or_else(|| self.is_direct()) {
                 return None;
             }
             let api = self.client.inner().api();
@@ -256,6 +255,12 @@ impl Buffer {
         })
     }
 
+    /// Whether the memory is laid out as the dense row-major array itself:
+    /// dense row-major layout, and an on-device size equal to the dense size.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.is_dense_row_major() && self.on_device_size() == Some(self.byte_size())
+    }
+
     fn on_device_size(&self) -> Option<usize> {
         let api = self.client.inner().api();
         let mut s = PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
@@ -267,7 +272,7 @@ impl Buffer {
     }
 
     /// Whether XLA stores this buffer densely in row-major order.
-    pub(crate) fn is_dense_row_major(&self) -> bool {
+    fn is_dense_row_major(&self) -> bool {
         let api = self.client.inner().api();
         let mut l = PJRT_Buffer_GetMemoryLayout_Args::new();
         l.buffer = self.raw;

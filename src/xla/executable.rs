@@ -89,9 +89,9 @@ pub struct Executable {
     outputs: Vec<TensorSpec>,
     parameter_source: ParameterSource,
     non_donatable: Vec<i64>,
-    /// Whether each output is stored dense row-major (fixed at compile time),
-    /// learned from the first run on the CPU platform.
-    outputs_dense: OnceLock<Vec<bool>>,
+    /// Whether each output's memory is the dense row-major array itself (its
+    /// layout is fixed at compile time), learned from the first run on CPU.
+    outputs_direct: OnceLock<Vec<bool>>,
     /// CPU platform only: sets of input buffers, one slot per parameter, that
     /// small host arguments are copied into; a run takes a set for its duration.
     staging: Mutex<Vec<Vec<Option<Buffer>>>>,
@@ -183,7 +183,7 @@ impl Client {
             outputs: Vec::new(),
             parameter_source: ParameterSource::MlirText,
             non_donatable: Vec::new(),
-            outputs_dense: OnceLock::new(),
+            outputs_direct: OnceLock::new(),
             staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
@@ -407,7 +407,7 @@ impl Executable {
         // Take ownership of the outputs first so they are freed on any error.
         let mut outputs = Vec::with_capacity(self.outputs.len());
         let mut first_err = None;
-        let dense = self.outputs_dense.get();
+        let direct = self.outputs_direct.get();
         for (i, (&p, spec)) in out_ptrs.iter().zip(&self.outputs).enumerate() {
             if p.is_null() {
                 first_err.get_or_insert_with(|| {
@@ -415,12 +415,12 @@ impl Executable {
                 });
                 continue;
             }
-            let dense = dense.map(|d| d[i]);
+            let direct = direct.map(|d| d[i]);
             outputs.push(Buffer::from_raw_with_spec(
                 &self.client,
                 p,
                 spec.clone(),
-                dense,
+                direct,
             ));
         }
         if let Err(msg) = api.await_and_destroy(complete[0]) {
@@ -438,9 +438,9 @@ impl Executable {
             }
             b.mark_ready();
         }
-        if is_cpu && dense.is_none() {
-            self.outputs_dense
-                .get_or_init(|| outputs.iter().map(Buffer::is_dense_row_major).collect());
+        if is_cpu && direct.is_none() {
+            self.outputs_direct
+                .get_or_init(|| outputs.iter().map(Buffer::is_direct).collect());
         }
         Ok(outputs)
     }
