@@ -6,8 +6,9 @@
 //! types *before* calling into XLA (XLA CHECK-fails abort the process), runs
 //! on the client's first addressable device, waits for completion and checks
 //! every place an execution error can surface: Execute's return value, the
-//! device completion event and each output's ready event. Multi-result
-//! programs come back untupled, one [`Buffer`] per result.
+//! device completion event and, except on CPU where the completion event
+//! defines them, each output's ready event. Multi-result programs come back
+//! untupled, one [`Buffer`] per result.
 //!
 //! [`Executable::run`] takes host arrays and device buffers alike. On the CPU
 //! platform, small host arguments are copied into input buffers that the
