@@ -644,21 +644,8 @@ fn compile_cache_hits() {
     assert_eq!(ex.stats().runs, 1);
 }
 
-const LONG_LOOP: &str = "func.func @main(%n: tensor<i64>, %x: tensor<16xf32>) -> tensor<16xf32> {
-  %c0 = stablehlo.constant dense<0> : tensor<i64>
-  %c1 = stablehlo.constant dense<1> : tensor<i64>
-  %r:3 = stablehlo.while(%i = %c0, %lim = %n, %acc = %x) : tensor<i64>, tensor<i64>, tensor<16xf32>
-    cond {
-      %p = stablehlo.compare LT, %i, %lim : (tensor<i64>, tensor<i64>) -> tensor<i1>
-      stablehlo.return %p : tensor<i1>
-    } do {
-      %i2 = stablehlo.add %i, %c1 : tensor<i64>
-      %s = stablehlo.sine %acc : tensor<16xf32>
-      %a2 = stablehlo.add %s, %acc : tensor<16xf32>
-      stablehlo.return %i2, %lim, %a2 : tensor<i64>, tensor<i64>, tensor<16xf32>
-    }
-  return %r#2 : tensor<16xf32>
-}";
+/// A `while` loop of `n` steps over a 16-element vector (shared with the integration tests).
+const LONG_LOOP: &str = include_str!("fixtures/long_loop.mlir");
 
 #[test]
 fn long_run_does_not_block_tiny_runs() {

@@ -8,10 +8,7 @@ defmodule XlaNode.ComputeTest do
   alias XlaNode.Harness
 
   setup_all do
-    node = Harness.start_node(cleanup: false)
-    Harness.connect!(node)
-    on_exit(fn -> Harness.stop_node(node, "KILL") end)
-    %{node: node}
+    Harness.start_shared_node()
   end
 
   defp call(node, request, timeout \\ 30_000), do: GenServer.call({:xla, node.name}, request, timeout)
@@ -249,23 +246,10 @@ defmodule XlaNode.ComputeTest do
     assert Harness.eventually(fn -> match?({:ok, %{buffers: ^b0}}, call(node, :info)) end, 10_000)
   end
 
-  @long_loop """
-  func.func @main(%n: tensor<i64>, %x: tensor<16xf32>) -> tensor<16xf32> {
-    %c0 = stablehlo.constant dense<0> : tensor<i64>
-    %c1 = stablehlo.constant dense<1> : tensor<i64>
-    %r:3 = stablehlo.while(%i = %c0, %lim = %n, %acc = %x) : tensor<i64>, tensor<i64>, tensor<16xf32>
-      cond {
-        %p = stablehlo.compare LT, %i, %lim : (tensor<i64>, tensor<i64>) -> tensor<i1>
-        stablehlo.return %p : tensor<i1>
-      } do {
-        %i2 = stablehlo.add %i, %c1 : tensor<i64>
-        %s = stablehlo.sine %acc : tensor<16xf32>
-        %a2 = stablehlo.add %s, %acc : tensor<16xf32>
-        stablehlo.return %i2, %lim, %a2 : tensor<i64>, tensor<i64>, tensor<16xf32>
-      }
-    return %r#2 : tensor<16xf32>
-  }
-  """
+  # A `while` loop of `n` steps over a 16-element vector (shared with the Rust tests).
+  @long_loop_path Path.expand("../../tests/fixtures/long_loop.mlir", __DIR__)
+  @external_resource @long_loop_path
+  @long_loop File.read!(@long_loop_path)
 
   @tag timeout: 120_000
   test "a 2-second run does not delay 100 tiny runs from other callers", %{node: node} do

@@ -10,11 +10,6 @@ defmodule XlaNode.LinksTest do
     %{node: node}
   end
 
-  defp spawn_echo(node) do
-    {:ok, pid} = GenServer.call({:xla, node.name}, :spawn_echo)
-    pid
-  end
-
   # Runs `fun` in a fresh process that traps exits and forwards what it receives.
   defp trapping(fun) do
     test = self()
@@ -33,7 +28,7 @@ defmodule XlaNode.LinksTest do
 
   test "a trapping process linked to a worker gets {:EXIT, pid, reason} when it is killed",
        %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     Process.flag(:trap_exit, true)
     Process.link(pid)
     # The link is in place once a call has made the round trip (signals are ordered).
@@ -44,7 +39,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "Process.exit(pid, :kill) gives :killed to links and monitors", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     Process.flag(:trap_exit, true)
     Process.link(pid)
     ref = Process.monitor(pid)
@@ -54,7 +49,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "Process.exit(pid, :normal) does not end a worker that does not trap exits", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     Process.exit(pid, :normal)
     assert GenServer.call(pid, :ping) == :pong
@@ -62,7 +57,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "GenServer.stop of a linked worker: the trapping linker gets the reason", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     Process.flag(:trap_exit, true)
     Process.link(pid)
     assert GenServer.stop(pid, :stopped_by_test) == :ok
@@ -70,7 +65,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "a linked BEAM process that dies takes the worker down with it", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
 
     linker =
@@ -89,7 +84,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "link to a pid of a stopped node incarnation: {:EXIT, pid, :noproc}", %{node: node} do
-    old = spawn_echo(node)
+    old = Harness.spawn_echo(node)
     assert Harness.stop_node(node) == 0
     refute Harness.eventually(fn -> node.name in Node.list(:hidden) end, 200)
     again = Harness.start_node(sname: node.sname)
@@ -101,7 +96,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "link to a dead worker of the running node: {:EXIT, pid, :noproc}", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     GenServer.stop(pid, :normal)
     Process.flag(:trap_exit, true)
     Process.link(pid)
@@ -109,7 +104,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "link, unlink, then stop the worker: no EXIT", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     Process.flag(:trap_exit, true)
     Process.link(pid)
     assert GenServer.call(pid, :ping) == :pong
@@ -121,7 +116,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "link from a separate trapping process, unlink, kill: no EXIT there", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     test = self()
 
     holder =
@@ -145,7 +140,7 @@ defmodule XlaNode.LinksTest do
 
   test "a worker linked to a process on a third node that exits dies with its reason",
        %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     peer = Harness.start_peer()
     assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
@@ -158,7 +153,7 @@ defmodule XlaNode.LinksTest do
 
   test "a worker linked to a process on a third node dies :noconnection when that node dies",
        %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     peer = Harness.start_peer()
     assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
@@ -172,7 +167,7 @@ defmodule XlaNode.LinksTest do
   end
 
   test "a third node's process exiting normally does not end the linked worker", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     peer = Harness.start_peer()
     assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     assert {:ok, :normal} = Harness.peer_call(peer, PeerHelpers, :link_and_exit, [pid, :normal])

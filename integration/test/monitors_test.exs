@@ -10,12 +10,6 @@ defmodule XlaNode.MonitorsTest do
     %{node: node}
   end
 
-  defp spawn_echo(node) do
-    {:ok, pid} = GenServer.call({:xla, node.name}, :spawn_echo)
-    assert is_pid(pid) and node(pid) == node.name
-    pid
-  end
-
   test "GenServer.call to an unregistered name exits :noproc immediately", %{node: node} do
     {ms, result} =
       Harness.timed(fn ->
@@ -38,13 +32,13 @@ defmodule XlaNode.MonitorsTest do
   end
 
   test "calls by pid to a spawn_echo worker", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     assert GenServer.call(pid, :ping) == :pong
     assert GenServer.call(pid, {:echo, {:hello, self()}}) == {:hello, self()}
   end
 
   test "monitor a worker, GenServer.stop it: DOWN with the stop reason", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     assert GenServer.stop(pid, :bye) == :ok
     assert_receive {:DOWN, ^ref, :process, ^pid, :bye}, 2_000
@@ -56,7 +50,7 @@ defmodule XlaNode.MonitorsTest do
   end
 
   test "several monitors on one worker all fire; a demonitored one does not", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     refs = for _ <- 1..5, do: Process.monitor(pid)
     gone = Process.monitor(pid)
     assert Process.demonitor(gone)
@@ -78,7 +72,7 @@ defmodule XlaNode.MonitorsTest do
   end
 
   test "monitors of node processes get DOWN :noconnection when the node goes away", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     ref_name = Process.monitor({:xla, node.name})
     assert Harness.stop_node(node, "KILL") != 0
@@ -88,7 +82,7 @@ defmodule XlaNode.MonitorsTest do
 
   @tag timeout: 60_000
   test "a pid from an earlier incarnation of the node is dead", %{node: node} do
-    old = spawn_echo(node)
+    old = Harness.spawn_echo(node)
     assert GenServer.call(old, :ping) == :pong
     assert Harness.stop_node(node) == 0
     refute Harness.eventually(fn -> node.name in Node.list(:hidden) end, 200)
@@ -96,7 +90,7 @@ defmodule XlaNode.MonitorsTest do
     again = Harness.start_node(sname: node.sname)
     assert again.name == node.name
     Harness.connect!(again)
-    new = spawn_echo(again)
+    new = Harness.spawn_echo(again)
     assert new != old
 
     assert {:noproc, _} = catch_exit(GenServer.call(old, :ping, 2_000))
@@ -106,7 +100,7 @@ defmodule XlaNode.MonitorsTest do
   end
 
   test "monitors held by a peer that dies are purged; the node keeps working", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     {:ok, %{processes: before}} = GenServer.call({:xla, node.name}, :info)
 
     peer = Harness.start_peer()
@@ -136,7 +130,7 @@ defmodule XlaNode.MonitorsTest do
   end
 
   test "monitors held by a peer that disconnects cleanly are purged", %{node: node} do
-    pid = spawn_echo(node)
+    pid = Harness.spawn_echo(node)
     peer = Harness.start_peer()
     assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     Harness.peer_call(peer, PeerHelpers, :spawn_monitor_holder, [pid])

@@ -5,10 +5,7 @@ defmodule XlaNode.XlaCallsTest do
   alias XlaNode.Harness
 
   setup_all do
-    node = Harness.start_node(cleanup: false)
-    Harness.connect!(node)
-    on_exit(fn -> Harness.stop_node(node, "KILL") end)
-    %{node: node}
+    Harness.start_shared_node()
   end
 
   defp echo(node, term, timeout \\ 10_000), do: GenServer.call({:xla, node.name}, {:echo, term}, timeout)
@@ -160,8 +157,7 @@ defmodule XlaNode.XlaCallsTest do
     assert_echo(node, spawn(fn -> :ok end))
     assert_echo(node, :c.pid(0, 0, 0))
 
-    {:ok, worker} = GenServer.call({:xla, node.name}, :spawn_echo)
-    assert node(worker) == node.name
+    worker = Harness.spawn_echo(node)
     assert_echo(node, worker)
 
     peer = Harness.start_peer()

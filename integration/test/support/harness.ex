@@ -370,6 +370,24 @@ defmodule XlaNode.Harness do
     :ok
   end
 
+  @doc """
+  For a module's `setup_all`: one node for all its tests, connected, killed when they are done.
+  Returns the context `%{node: node}`.
+  """
+  def start_shared_node do
+    node = start_node(cleanup: false)
+    connect!(node)
+    ExUnit.Callbacks.on_exit(fn -> stop_node(node, "KILL") end)
+    %{node: node}
+  end
+
+  @doc "Asks the node for a new process of its own that echoes what it receives; returns its pid."
+  def spawn_echo(node) do
+    {:ok, pid} = GenServer.call({:xla, node.name}, :spawn_echo)
+    true = is_pid(pid) and node(pid) == node.name
+    pid
+  end
+
   @doc "`GenServer.call({:xla, node}, request, timeout)`."
   def xla_call(node, request, timeout \\ 5_000),
     do: GenServer.call({:xla, node_name(node)}, request, timeout)
