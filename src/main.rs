@@ -50,6 +50,10 @@ struct Cli {
     /// Default bound, in seconds, on the wait for each host callback's reply.
     #[arg(long, default_value_t = 60)]
     callback_timeout: u64,
+    /// Microseconds a run waiting for a callback's reply polls for it (yielding the CPU) before
+    /// its thread sleeps; at most half the CPUs poll at once. 0: sleep at once.
+    #[arg(long, env = "XLA_NODE_CALLBACK_SPIN_US", default_value_t = 200)]
+    callback_spin_us: u64,
 }
 
 fn full_name(cli: &Cli) -> anyhow::Result<String> {
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
             ServerConfig {
                 plugin,
                 callback_timeout: Duration::from_secs(cli.callback_timeout),
+                callback_spin: Duration::from_micros(cli.callback_spin_us),
             },
         )?;
         node.start_accepting();

@@ -177,8 +177,13 @@ fn env() -> &'static Env {
             }))
             .expect("start node");
         let client = Client::from_plugin(plugin_path_from_env()).expect("load the PJRT plugin");
-        let dispatcher =
-            Dispatcher::install(node.clone(), &client, Duration::from_secs(5)).expect("install");
+        let dispatcher = Dispatcher::install(
+            node.clone(),
+            &client,
+            Duration::from_secs(5),
+            Duration::from_micros(200),
+        )
+        .expect("install");
         let (a, b) = std::thread::scope(|s| {
             let a = s.spawn(|| start_peer(&node, &format!("dispa{tag}"), "server", 1));
             let b = s.spawn(|| start_peer(&node, &format!("dispb{tag}"), "server", 2));

@@ -233,6 +233,18 @@ defmodule XlaNode.CallbacksTest do
     assert m =~ "callback_server"
   end
 
+  test "with --callback-spin-us 0 waiting runs sleep at once and callbacks still answer", %{peer: peer} do
+    node = Harness.start_node(args: ["--callback-spin-us", "0"])
+    Harness.connect!(node)
+    exe = compile!(node, exla_module(:no_spin))
+    server = on_peer(peer, :add_one, [])
+
+    for i <- 1..50 do
+      assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
+      assert to_f32(bin) == [i + 1.0, 1.0, 1.0, 1.0]
+    end
+  end
+
   test "many concurrent runs with callbacks to two nodes are all correct", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:many))
     remote = on_peer(peer, :add_one, [])

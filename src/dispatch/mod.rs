@@ -91,14 +91,18 @@ impl Dispatcher {
     /// on the client (platform Host), verifying each with a test compile.
     ///
     /// The registration is process-wide (XLA's FFI registry is): installing a second dispatcher
-    /// routes every later callback to the new one.
+    /// routes every later callback to the new one. `default_timeout` bounds each wait for a
+    /// reply unless the run sets its own; `reply_spin` is how long a waiting thread polls for the
+    /// reply before it sleeps.
     pub fn install(
         node: Node,
         client: &Client,
         default_timeout: Duration,
+        reply_spin: Duration,
     ) -> Result<Arc<Dispatcher>, XlaError> {
+        let watches = Arc::new(watch::Watches::new(node.clone()));
         let dispatcher = Arc::new(Dispatcher {
-            waiters: wait::Waiters::new(node.clone(), Arc::new(watch::Watches::new(node.clone()))),
+            waiters: wait::Waiters::new(node.clone(), watches, reply_spin),
             streams: streams::Streams::new(node.clone()),
             node,
             default_timeout,

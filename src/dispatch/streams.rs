@@ -9,7 +9,6 @@
 use crate::node::{Dest, Node, Process, Signal};
 use eetf::Term;
 use std::sync::Mutex;
-use std::time::Duration;
 
 pub(crate) struct Streams {
     node: Node,
@@ -33,7 +32,7 @@ impl Streams {
                 let mref = sender.monitor(dest.clone());
                 let mut gone = false;
                 // A local monitor on a dead pid delivers its `noproc` before `monitor` returns.
-                while let Some(signal) = sender.recv_blocking_timeout(Duration::ZERO) {
+                while let Some(signal) = sender.try_recv() {
                     if let Signal::Down { reference, .. } = signal {
                         gone |= reference == mref;
                     }

@@ -152,6 +152,11 @@ impl Process {
         self.mailbox.recv().await
     }
 
+    /// The next signal if one is already there; never waits.
+    pub fn try_recv(&mut self) -> Option<Signal> {
+        self.mailbox.try_recv().ok()
+    }
+
     /// Blocking receive with a deadline, for threads outside the async runtime (XLA's).
     /// Returns `None` on timeout or when the node shut down.
     pub fn recv_blocking_timeout(&mut self, timeout: Duration) -> Option<Signal> {

@@ -23,6 +23,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     pub plugin: PathBuf,
     pub callback_timeout: Duration,
+    /// How long a thread waiting for a callback's reply polls before it sleeps.
+    pub callback_spin: Duration,
 }
 
 /// Where `scripts/setup.sh` installs the CPU plugin.
@@ -78,8 +80,13 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
     let client = Client::from_plugin(&config.plugin)
         .map_err(|e| anyhow::anyhow!("cannot load PJRT plugin {}: {e}", config.plugin.display()))?;
     tracing::info!(plugin = %config.plugin.display(), platform = client.platform_name(), devices = client.devices().len(), "XLA ready");
-    let dispatcher = Dispatcher::install(node.clone(), &client, config.callback_timeout)
-        .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
+    let dispatcher = Dispatcher::install(
+        node.clone(),
+        &client,
+        config.callback_timeout,
+        config.callback_spin,
+    )
+    .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
     let compute = Compute {
