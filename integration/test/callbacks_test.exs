@@ -49,6 +49,18 @@ defmodule XlaNode.CallbacksTest do
     end
 
     def silent, do: spawn(fn -> Process.sleep(:infinity) end)
+
+    # Tells `observer` when the request arrived, then answers with the argument after `ms`.
+    def slow_echo(observer, ms) do
+      spawn(fn ->
+        receive do
+          {:exla_runtime_call, _id, [{bin, _}], {pid, ref}} ->
+            send(observer, :slow_request_seen)
+            Process.sleep(ms)
+            send(pid, {ref, {:ok, [bin]}})
+        end
+      end)
+    end
   end
   """
 
@@ -243,6 +255,28 @@ defmodule XlaNode.CallbacksTest do
       assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
       assert to_f32(bin) == [i + 1.0, 1.0, 1.0, 1.0]
     end
+  end
+
+  test "a run of a quick program waiting on a slow callback leaves the node serving everyone else", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:warm_then_slow))
+    quick = on_peer(peer, :add_one, [])
+    one = fn i -> {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: quick]}); to_f32(bin) end
+    # Many quick runs first: the node learns the program is brief and starts its runs on a
+    # network worker, handing the worker over only while a callback waits.
+    for i <- 1..50, do: assert one.(i) == [i + 1.0, 1.0, 1.0, 1.0]
+
+    slow = on_peer(peer, :slow_echo, [self(), 2_000])
+    task = Task.async(fn -> call(node, {:run, exe, [f32([7.0, 7.0, 7.0, 7.0])], [callback_server: slow]}) end)
+    assert_receive :slow_request_seen, 5_000
+
+    for i <- 1..20 do
+      assert call(node, :ping) == :pong
+      assert one.(i) == [i + 1.0, 1.0, 1.0, 1.0]
+    end
+
+    assert Task.yield(task, 0) == nil, "the slow run should still be waiting for its callback"
+    assert {:ok, [{bin, _}]} = Task.await(task, 10_000)
+    assert to_f32(bin) == [7.0, 7.0, 7.0, 7.0]
   end
 
   test "many concurrent runs with callbacks to two nodes are all correct", %{node: node, peer: peer} do

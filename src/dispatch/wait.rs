@@ -141,10 +141,17 @@ impl Waiters {
             Term::from(waiter.pid().clone()),
             Term::from(cref.clone()),
         ]);
-        waiter.send(dest.clone(), build(tag));
+        let request = build(tag);
+        // The request's write counts as waiting: it is the network's time, not the program's.
+        let waiting = Instant::now();
+        waiter.send(dest.clone(), request);
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
-        let result = self.wait(&mut waiter, dest, &cref, run, timeout, what);
+        let result =
+            block_in_place_if_worker(|| self.wait(&mut waiter, dest, &cref, run, timeout, what));
+        if let Some(run) = run {
+            run.record_wait(waiting.elapsed());
+        }
 
         drop(registration);
         if let Some(run) = run {
@@ -255,6 +262,26 @@ impl Waiters {
             }
         }
     }
+}
+
+/// Runs `f`, which blocks, after handing the runtime's other tasks to another thread if this is
+/// a worker of the node's (multi-thread) runtime: a run may start on a worker (see
+/// `server::compute`) and only give the worker up here, once its request is on its way, so that
+/// the hand-over overlaps the reply's round trip. Elsewhere (an executor thread, a thread already
+/// handed over) it simply runs `f`.
+pub(crate) fn block_in_place_if_worker<R>(f: impl FnOnce() -> R) -> R {
+    if on_runtime_worker() {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+/// Whether this thread runs tasks of a multi-thread tokio runtime (where blocking must be
+/// announced with `block_in_place`).
+pub fn on_runtime_worker() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// A claimed place among the threads polling for a reply; dropping it gives the place back.

@@ -1,11 +1,14 @@
 //! The `:xla` server's compute requests: compile, run, and device buffers.
 //!
 //! The server process only parses a request and looks up the references it names; the work then
-//! goes to the executor's threads, which send the reply themselves. The data path of a run reads
-//! straight: tensors arrive in the request, are checked against the executable's parameters,
-//! copied to the device, executed, and the results go back in the reply.
+//! goes to another thread, which sends the reply itself: an executor thread, or for a run that
+//! calls back, a runtime worker handed over to the run (see [`Compute::run`]). Runs that
+//! typically take a few microseconds run on the server's task itself. The data path of a run
+//! reads straight: tensors arrive in the request, are checked against the executable's
+//! parameters, copied to the device, executed, and the results go back in the reply.
 
 use super::resources::{Owner, Program, Resource, Resources};
+use crate::dispatch::RunCallbacks;
 use crate::node::gen::{self, From};
 use crate::node::term::{
     as_atom, as_i64, as_list, as_tuple, atom, binary, error_kind, int, list, ok,
@@ -31,14 +34,26 @@ pub struct Compute {
     pub dispatcher: Arc<crate::dispatch::Dispatcher>,
     /// Runs finished, and how many of them failed.
     pub runs: Arc<(AtomicU64, AtomicU64)>,
-    /// Runs with callbacks now running on a runtime thread of their own (block_in_place).
+    /// Runs with callbacks now running on runtime worker threads (see [`Compute::run`]).
     pub in_place: Arc<AtomicUsize>,
+    /// Runs with callbacks now starting on a runtime worker without handing it over (at most one).
+    pub on_worker: Arc<AtomicUsize>,
 }
 
-/// A claimed place for a run on a runtime thread of its own; dropping it gives the place back.
-struct InPlaceSlot(Arc<AtomicUsize>);
+/// A claimed place among at most `max` counted in `counter`; dropping it gives the place back.
+struct Claim(Arc<AtomicUsize>);
 
-impl Drop for InPlaceSlot {
+impl Claim {
+    fn new(counter: &Arc<AtomicUsize>, max: usize) -> Option<Claim> {
+        if counter.fetch_add(1, Ordering::Relaxed) >= max {
+            counter.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Claim(counter.clone()))
+    }
+}
+
+impl Drop for Claim {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -225,14 +240,38 @@ impl Compute {
         if inline {
             return self.run_and_reply(&program, args, &opts, &from);
         }
-        if program.calls_back && self.claim_in_place() {
-            // A run that calls back mostly waits for replies. It runs on this worker thread, which
-            // hands the runtime's other tasks to another thread for the duration: the run starts
-            // without waking an executor thread first.
+        let in_place = if program.calls_back {
+            self.claim_in_place()
+        } else {
+            None
+        };
+        if let Some(in_place) = in_place {
+            // A run that calls back mostly waits for replies. It runs on a worker thread of the
+            // runtime, which hands the runtime's other tasks to another thread (block_in_place):
+            // the run starts without waking an executor thread first.
+            //
+            // Handing over costs 15-20 us (a thread wake-up). A program that keeps its thread
+            // busy only briefly, and whose callbacks wait on the thread running it, starts
+            // without handing over: each callback hands the worker over only once its request is
+            // sent, so that the hand-over overlaps the reply's round trip. One run at a time
+            // starts that way, so even if XLA ran a callback on a thread of its own (and this
+            // worker stayed blocked for the whole run), the other workers keep serving.
+            let brief = program.typical_run_us() <= INLINE_MAX_RUN_US;
+            let on_worker = if brief && program.waits_on_run_thread() {
+                self.claim_on_worker()
+            } else {
+                None
+            };
             let this = self.clone();
             tokio::spawn(async move {
-                let _slot = InPlaceSlot(this.in_place.clone()); // given back even on a panic
-                tokio::task::block_in_place(|| this.run_and_reply(&program, args, &opts, &from));
+                let _in_place = in_place; // both claims are given back even on a panic
+                if on_worker.is_some() {
+                    this.run_and_reply(&program, args, &opts, &from);
+                } else {
+                    tokio::task::block_in_place(|| {
+                        this.run_and_reply(&program, args, &opts, &from)
+                    });
+                }
             });
             return;
         }
@@ -242,31 +281,40 @@ impl Compute {
         }));
     }
 
-    /// Whether a run may take its worker thread (see [`Compute::run`]); bounded, so that a crowd
-    /// of waiting runs cannot exhaust tokio's blocking threads.
-    fn claim_in_place(&self) -> bool {
-        let on_worker = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if !on_worker || self.in_place.fetch_add(1, Ordering::Relaxed) >= MAX_IN_PLACE {
-            if on_worker {
-                self.in_place.fetch_sub(1, Ordering::Relaxed);
-            }
-            return false;
+    /// A place for a run on a worker thread of its own (see [`Compute::run`]); bounded, so that
+    /// a crowd of waiting runs cannot exhaust tokio's blocking threads.
+    fn claim_in_place(&self) -> Option<Claim> {
+        if !crate::dispatch::on_runtime_worker() {
+            return None;
         }
-        true
+        Claim::new(&self.in_place, MAX_IN_PLACE)
+    }
+
+    /// The place for the one run that may start on a worker without handing it over; only while
+    /// the runtime has another worker to serve the network meanwhile.
+    fn claim_on_worker(&self) -> Option<Claim> {
+        if tokio::runtime::Handle::current().metrics().num_workers() < 2 {
+            return None;
+        }
+        Claim::new(&self.on_worker, 1)
     }
 
     fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
         let started = std::time::Instant::now();
         self.runs.0.fetch_add(1, Ordering::Relaxed);
-        let reply = match self.execute(&program.exe, args, opts, &from.pid) {
+        let mut waits = None;
+        let reply = match self.execute(&program.exe, args, opts, &from.pid, &mut waits) {
             Ok(results) => ok(list(results)),
             Err(e) => {
                 self.runs.1.fetch_add(1, Ordering::Relaxed);
                 xla_error(&e)
             }
         };
-        program.record_run(started.elapsed().as_micros() as u64);
+        let (waited, on_run_thread) = waits.unwrap_or((Duration::ZERO, false));
+        program.record_run(started.elapsed().saturating_sub(waited).as_micros() as u64);
+        if !waited.is_zero() {
+            program.record_waits_on_run_thread(on_run_thread);
+        }
         self.reply(from, reply);
     }
 
@@ -314,6 +362,7 @@ impl Compute {
         args: Vec<Arg>,
         opts: &RunOptions,
         requester: &Pid,
+        waits: &mut Option<(Duration, bool)>,
     ) -> Result<Vec<Term>, XlaError> {
         let params = exe.parameters();
         // EXLA-compiled modules take the callback server as a u8[8] first parameter: the node
@@ -372,8 +421,10 @@ impl Compute {
                 Arg::Device(b) => Input::Device(b),
             }))
             .collect();
-        let outputs = exe.run(&inputs)?;
+        let outputs = exe.run(&inputs);
+        *waits = callbacks.as_ref().map(RunCallbacks::waits);
         drop(callbacks);
+        let outputs = outputs?;
         if opts.keep_on_device {
             return Ok(outputs
                 .into_iter()

@@ -98,6 +98,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         dispatcher,
         runs: Arc::default(),
         in_place: Arc::default(),
+        on_worker: Arc::default(),
     };
     Ok(ServerHandle {
         tasks: vec![

@@ -10,7 +10,7 @@ use crate::node::term::ref_key;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Key = (String, Vec<u32>, u32);
@@ -25,12 +25,17 @@ pub enum Resource {
 pub struct Program {
     pub exe: Arc<Executable>,
     /// The module mentions a host-callback target: its runs may block waiting for replies, so
-    /// they always go to executor threads.
+    /// they never run on the server's own task.
     pub calls_back: bool,
-    /// Typical duration of a run in microseconds: a moving average over recent runs, so that one
-    /// run slowed down by a busy machine does not move the program off the fast path
-    /// (`u64::MAX` before the first run).
+    /// How long a run typically keeps its thread busy, in microseconds: its duration less the
+    /// time its callbacks waited for replies. A moving average over recent runs, so that one run
+    /// slowed down by a busy machine does not move the program off the fast path (`u64::MAX`
+    /// before the first run).
     typical_run_us: AtomicU64,
+    /// Whether, in the last run that waited for a callback, every wait was on the thread running
+    /// the program. XLA runs a custom call on the caller's thread for most programs, but may use
+    /// threads of its own.
+    waits_on_run_thread: AtomicBool,
 }
 
 impl Program {
@@ -39,14 +44,24 @@ impl Program {
             exe,
             calls_back,
             typical_run_us: AtomicU64::new(u64::MAX),
+            waits_on_run_thread: AtomicBool::new(false),
         }
+    }
+
+    pub fn waits_on_run_thread(&self) -> bool {
+        self.waits_on_run_thread.load(Ordering::Relaxed)
+    }
+
+    pub fn record_waits_on_run_thread(&self, on_run_thread: bool) {
+        self.waits_on_run_thread
+            .store(on_run_thread, Ordering::Relaxed);
     }
 
     pub fn typical_run_us(&self) -> u64 {
         self.typical_run_us.load(Ordering::Relaxed)
     }
 
-    /// Folds one run's duration into the average (weight 1/8). Concurrent runs may lose an
+    /// Folds one run's busy time into the average (weight 1/8). Concurrent runs may lose an
     /// update, which only makes the average a little less smooth.
     pub fn record_run(&self, micros: u64) {
         let typical = match self.typical_run_us() {
