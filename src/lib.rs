@@ -1,5 +1,6 @@
 //! xla_node: a hidden Erlang node that hosts an XLA executor and calls back into the cluster.
 
+mod claim;
 pub mod dispatch;
 pub mod node;
 pub mod server;

@@ -23,6 +23,7 @@ use super::inspect;
 use super::run::{RunState, ABANDON};
 use super::watch::Watches;
 use super::Counters;
+use crate::claim::Claim;
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
 use eetf::{Reference, Term};
@@ -60,7 +61,7 @@ pub(crate) struct Waiters {
     /// How long after sending a request a waiting thread polls for the reply before parking.
     spin: Duration,
     /// Threads polling now, and how many may.
-    spinning: AtomicUsize,
+    spinning: Arc<AtomicUsize>,
     max_spinning: usize,
 }
 
@@ -72,7 +73,7 @@ impl Waiters {
             watches,
             idle: Mutex::new(Vec::new()),
             spin,
-            spinning: AtomicUsize::new(0),
+            spinning: Arc::default(),
             max_spinning: (cpus / 2).max(1),
         }
     }
@@ -180,11 +181,7 @@ impl Waiters {
         if Instant::now() >= until {
             return None;
         }
-        if self.spinning.fetch_add(1, Ordering::Relaxed) >= self.max_spinning {
-            self.spinning.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        let _slot = SpinSlot(&self.spinning);
+        let _place = Claim::new(&self.spinning, self.max_spinning)?;
         loop {
             if let Some(signal) = waiter.try_recv() {
                 return Some(signal);
@@ -282,15 +279,6 @@ pub(crate) fn block_in_place_if_worker<R>(f: impl FnOnce() -> R) -> R {
 pub fn on_runtime_worker() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-}
-
-/// A claimed place among the threads polling for a reply; dropping it gives the place back.
-struct SpinSlot<'a>(&'a AtomicUsize);
-
-impl Drop for SpinSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The error text for a target that went down while (or before) we waited.

@@ -8,6 +8,7 @@
 //! parameters, copied to the device, executed, and the results go back in the reply.
 
 use super::resources::{Owner, Program, Resource, Resources};
+use crate::claim::Claim;
 use crate::dispatch::RunCallbacks;
 use crate::node::gen::{self, From};
 use crate::node::term::{
@@ -38,25 +39,6 @@ pub struct Compute {
     pub in_place: Arc<AtomicUsize>,
     /// Runs with callbacks now starting on a runtime worker without handing it over (at most one).
     pub on_worker: Arc<AtomicUsize>,
-}
-
-/// A claimed place among at most `max` counted in `counter`; dropping it gives the place back.
-struct Claim(Arc<AtomicUsize>);
-
-impl Claim {
-    fn new(counter: &Arc<AtomicUsize>, max: usize) -> Option<Claim> {
-        if counter.fetch_add(1, Ordering::Relaxed) >= max {
-            counter.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Claim(counter.clone()))
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// A run argument: a tensor from the request, or a buffer already on the device.
