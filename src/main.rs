@@ -51,7 +51,8 @@ struct Cli {
     #[arg(long, default_value_t = 60)]
     callback_timeout: u64,
     /// Microseconds a run waiting for a callback's reply polls for it (yielding the CPU) before
-    /// its thread sleeps; at most half the CPUs poll at once. 0: sleep at once.
+    /// its thread sleeps, when the target usually answers within that time; at most half the
+    /// CPUs poll at once. 0: sleep at once.
     #[arg(long, env = "XLA_NODE_CALLBACK_SPIN_US", default_value_t = 200)]
     callback_spin_us: u64,
 }

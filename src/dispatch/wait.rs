@@ -3,8 +3,8 @@
 //! The waiting side is a process of this node (a *waiter*), so the reply is a plain Erlang
 //! `send(pid, {ref, reply})` that the node's network tasks put into the waiter's mailbox: no XLA
 //! thread is needed to receive it. The XLA thread running the custom call first polls that mailbox
-//! for a short while (the node's `--callback-spin-us`), then blocks on it with
-//! [`Process::recv_blocking_timeout`], never on a tokio worker.
+//! for a short while (the node's `--callback-spin-us`) if the target usually answers within it,
+//! then blocks on it with [`Process::recv_blocking_timeout`], never on a tokio worker.
 //!
 //! Each wait:
 //! 1. registers with the target's shared monitor (see [`super::watch`]): a `Down` (exit,
@@ -148,10 +148,20 @@ impl Waiters {
         waiter.send(dest.clone(), request);
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
-        let result =
-            block_in_place_if_worker(|| self.wait(&mut waiter, dest, &cref, run, timeout, what));
+        // Polling pays off only for a target that usually answers within the polling window.
+        let poll = match registration.typical_reply() {
+            Some(typical) if typical > self.spin => Duration::ZERO,
+            _ => self.spin,
+        };
+        let result = block_in_place_if_worker(|| {
+            self.wait(&mut waiter, dest, &cref, run, timeout, poll, what)
+        });
+        let waited = waiting.elapsed();
         if let Some(run) = run {
-            run.record_wait(waiting.elapsed());
+            run.record_wait(waited);
+        }
+        if result.is_ok() {
+            registration.record_reply(waited);
         }
 
         drop(registration);
@@ -168,16 +178,16 @@ impl Waiters {
         result
     }
 
-    /// Polls the waiter's mailbox until `spin` has passed since `started` (the request's
-    /// sending), yielding the CPU between polls, if one of the few polling places is free.
+    /// Polls the waiter's mailbox until `until`, yielding the CPU between polls, if one of the
+    /// few polling places is free.
     ///
     /// A reply from a live process usually arrives within a few hundred microseconds. Parking
     /// the thread instead costs a futex wake-up by the network task that delivers the reply and
     /// the scheduler's delay before the thread runs again, about 30 us on a virtual machine
-    /// whose idle vCPUs halt. Polling is bounded in time and in threads (half the CPUs), so a
-    /// crowd of waiting runs cannot take the CPUs from the network tasks.
-    fn spin_for_signal(&self, waiter: &mut Process, started: Instant) -> Option<Signal> {
-        let until = started + self.spin;
+    /// whose idle vCPUs halt. Polling is bounded in time (only targets that usually answer
+    /// within the window are polled for) and in threads (half the CPUs), so a crowd of waiting
+    /// runs cannot take the CPUs from the network tasks.
+    fn spin_for_signal(&self, waiter: &mut Process, until: Instant) -> Option<Signal> {
         if Instant::now() >= until {
             return None;
         }
@@ -201,17 +211,19 @@ impl Waiters {
         cref: &Reference,
         run: Option<&Arc<RunState>>,
         timeout: Duration,
+        poll: Duration,
         what: &str,
     ) -> Result<Term, WaitError> {
         let local = self.node.name();
         let started = Instant::now();
         let deadline = started + timeout;
+        let poll_until = started + poll.min(timeout);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Some(signal) = (if left.is_zero() {
                 None
             } else {
-                self.spin_for_signal(waiter, started)
+                self.spin_for_signal(waiter, poll_until)
                     .or_else(|| waiter.recv_blocking_timeout(left))
             }) else {
                 if Instant::now() < deadline {
