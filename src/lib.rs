@@ -5,4 +5,5 @@ pub mod dispatch;
 pub mod node;
 pub mod server;
 pub mod tensor_term;
+mod typical;
 pub mod xla;

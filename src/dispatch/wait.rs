@@ -149,7 +149,7 @@ impl Waiters {
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
         // Polling pays off only for a target that usually answers within the polling window.
-        let poll = match registration.typical_reply() {
+        let poll = match registration.typical_reply().get() {
             Some(typical) if typical > self.spin => Duration::ZERO,
             _ => self.spin,
         };
@@ -161,7 +161,7 @@ impl Waiters {
             run.record_wait(waited);
         }
         if result.is_ok() {
-            registration.record_reply(waited);
+            registration.typical_reply().record(waited);
         }
 
         drop(registration);

@@ -13,11 +13,10 @@
 //! every XLA thread is blocked. Registering with a watch that already fired fails with its reason.
 
 use crate::node::{Dest, Node, Signal};
+use crate::typical::Typical;
 use eetf::Term;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
 
 /// Watches without registrations kept for reuse; beyond this, idle ones are dropped (which
 /// demonitors them) when a new one is made.
@@ -30,9 +29,8 @@ type Party = Box<dyn FnOnce(&Term) + Send>;
 pub(crate) struct Watch {
     state: Mutex<WatchState>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// How long the process typically takes to answer a callback, in microseconds: a moving
-    /// average over its recent answers (`u64::MAX` before the first).
-    typical_reply_us: AtomicU64,
+    /// How long the process typically takes to answer a callback.
+    typical_reply: Typical,
 }
 
 #[derive(Default)]
@@ -79,25 +77,9 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// How long the watched process typically takes to answer a callback; `None` before its
-    /// first answer.
-    pub(crate) fn typical_reply(&self) -> Option<Duration> {
-        match self.watch.typical_reply_us.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            us => Some(Duration::from_micros(us)),
-        }
-    }
-
-    /// Folds one answer's time into the average (weight 1/8).
-    pub(crate) fn record_reply(&self, took: Duration) {
-        let took = took.as_micros().min(u64::MAX as u128 - 1) as u64;
-        let typical = match self.watch.typical_reply_us.load(Ordering::Relaxed) {
-            u64::MAX => took,
-            old => old - old / 8 + took / 8,
-        };
-        self.watch
-            .typical_reply_us
-            .store(typical, Ordering::Relaxed);
+    /// How long the watched process typically takes to answer a callback.
+    pub(crate) fn typical_reply(&self) -> &Typical {
+        &self.watch.typical_reply
     }
 }
 
@@ -152,7 +134,7 @@ impl Watches {
         let watch = Arc::new(Watch {
             state: Mutex::default(),
             task: Mutex::new(None),
-            typical_reply_us: AtomicU64::new(u64::MAX),
+            typical_reply: Typical::new(),
         });
         let mut process = self.node.spawn_process();
         let mref = process.monitor(dest.clone());

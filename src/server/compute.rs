@@ -55,7 +55,7 @@ struct RunOptions {
 
 /// Runs typically this long at most (upload and download included) may execute on the
 /// server's own task instead of an executor thread.
-const INLINE_MAX_RUN_US: u64 = 50;
+const INLINE_MAX_RUN: Duration = Duration::from_micros(50);
 
 /// ... and only with this many bytes of host arguments at most.
 const INLINE_MAX_BYTES: usize = 64 * 1024;
@@ -217,8 +217,12 @@ impl Compute {
             })
             .sum::<usize>()
             <= INLINE_MAX_BYTES;
-        let inline =
-            !program.calls_back && small_args && program.typical_run_us() <= INLINE_MAX_RUN_US;
+        let inline = !program.calls_back
+            && small_args
+            && program
+                .typical_run
+                .get()
+                .is_some_and(|t| t <= INLINE_MAX_RUN);
         if inline {
             return self.run_and_reply(&program, args, &opts, &from);
         }
@@ -238,7 +242,10 @@ impl Compute {
             // sent, so that the hand-over overlaps the reply's round trip. One run at a time
             // starts that way, so even if XLA ran a callback on a thread of its own (and this
             // worker stayed blocked for the whole run), the other workers keep serving.
-            let brief = program.typical_run_us() <= INLINE_MAX_RUN_US;
+            let brief = program
+                .typical_run
+                .get()
+                .is_some_and(|t| t <= INLINE_MAX_RUN);
             let on_worker = if brief && program.waits_on_run_thread() {
                 self.claim_on_worker()
             } else {
@@ -293,7 +300,9 @@ impl Compute {
             }
         };
         let (waited, on_run_thread) = waits.unwrap_or((Duration::ZERO, false));
-        program.record_run(started.elapsed().saturating_sub(waited).as_micros() as u64);
+        program
+            .typical_run
+            .record(started.elapsed().saturating_sub(waited));
         if !waited.is_zero() {
             program.record_waits_on_run_thread(on_run_thread);
         }

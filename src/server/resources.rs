@@ -7,10 +7,11 @@
 //! pull a buffer out from under XLA.
 
 use crate::node::term::ref_key;
+use crate::typical::Typical;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Key = (String, Vec<u32>, u32);
@@ -27,11 +28,9 @@ pub struct Program {
     /// The module mentions a host-callback target: its runs may block waiting for replies, so
     /// they never run on the server's own task.
     pub calls_back: bool,
-    /// How long a run typically keeps its thread busy, in microseconds: its duration less the
-    /// time its callbacks waited for replies. A moving average over recent runs, so that one run
-    /// slowed down by a busy machine does not move the program off the fast path (`u64::MAX`
-    /// before the first run).
-    typical_run_us: AtomicU64,
+    /// How long a run typically keeps its thread busy: its duration less the time its callbacks
+    /// waited for replies.
+    pub(crate) typical_run: Typical,
     /// Whether, in the last run that waited for a callback, every wait was on the thread running
     /// the program. XLA runs a custom call on the caller's thread for most programs, but may use
     /// threads of its own.
@@ -43,7 +42,7 @@ impl Program {
         Program {
             exe,
             calls_back,
-            typical_run_us: AtomicU64::new(u64::MAX),
+            typical_run: Typical::new(),
             waits_on_run_thread: AtomicBool::new(false),
         }
     }
@@ -55,20 +54,6 @@ impl Program {
     pub fn record_waits_on_run_thread(&self, on_run_thread: bool) {
         self.waits_on_run_thread
             .store(on_run_thread, Ordering::Relaxed);
-    }
-
-    pub fn typical_run_us(&self) -> u64 {
-        self.typical_run_us.load(Ordering::Relaxed)
-    }
-
-    /// Folds one run's busy time into the average (weight 1/8). Concurrent runs may lose an
-    /// update, which only makes the average a little less smooth.
-    pub fn record_run(&self, micros: u64) {
-        let typical = match self.typical_run_us() {
-            u64::MAX => micros,
-            old => old - old / 8 + micros / 8,
-        };
-        self.typical_run_us.store(typical, Ordering::Relaxed);
     }
 
     /// Whether a module's text or bytecode names a host-callback target.
