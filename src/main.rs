@@ -56,9 +56,14 @@ struct Cli {
     callback_timeout: u64,
     /// Microseconds a run waiting for a callback's reply polls for it (yielding the CPU) before
     /// its thread sleeps, when the target usually answers within that time; at most half the
-    /// CPUs poll at once. 0: sleep at once.
+    /// CPUs spin at once, the busy-wait thread included. 0: sleep at once.
     #[arg(long, env = "XLA_NODE_CALLBACK_SPIN_US", default_value_t = 200)]
     callback_spin_us: u64,
+    /// Microseconds one thread keeps a CPU busy (yielding it to any thread with work) after each
+    /// message the node receives or sends, so that the next request finds a CPU awake, as the
+    /// BEAM's scheduler busy wait (`erl +sbwt`). 0: never.
+    #[arg(long, env = "XLA_NODE_BUSY_WAIT_US", default_value_t = 200)]
+    busy_wait_us: u64,
 }
 
 fn full_name(cli: &Cli) -> anyhow::Result<String> {
@@ -92,6 +97,7 @@ fn main() -> anyhow::Result<()> {
         port_min: cli.inet_dist_listen_min,
         port_max: cli.inet_dist_listen_max.unwrap_or(cli.inet_dist_listen_min),
         net_ticktime: Duration::from_secs(cli.net_ticktime.max(1)),
+        busy_wait: Duration::from_micros(cli.busy_wait_us),
     };
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
     let runtime = tokio::runtime::Builder::new_multi_thread()

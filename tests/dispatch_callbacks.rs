@@ -174,6 +174,7 @@ fn env() -> &'static Env {
                 port_min: 0,
                 port_max: 0,
                 net_ticktime: Duration::from_secs(60),
+                busy_wait: Duration::from_micros(200),
             }))
             .expect("start node");
         let client = Client::from_plugin(plugin_path_from_env()).expect("load the PJRT plugin");

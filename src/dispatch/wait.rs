@@ -60,7 +60,8 @@ pub(crate) struct Waiters {
     idle: Mutex<Vec<Process>>,
     /// How long after sending a request a waiting thread polls for the reply before parking.
     spin: Duration,
-    /// Threads polling now, and how many may.
+    /// Threads keeping a CPU busy now (pollers and the node's busy-wait thread), and how many
+    /// may poll.
     spinning: Arc<AtomicUsize>,
     max_spinning: usize,
 }
@@ -69,12 +70,12 @@ impl Waiters {
     pub(crate) fn new(node: Node, watches: Arc<Watches>, spin: Duration) -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Waiters {
-            node,
             watches,
             idle: Mutex::new(Vec::new()),
             spin,
-            spinning: Arc::default(),
+            spinning: node.busy_threads().clone(),
             max_spinning: (cpus / 2).max(1),
+            node,
         }
     }
 
@@ -185,8 +186,9 @@ impl Waiters {
     /// the thread instead costs a futex wake-up by the network task that delivers the reply and
     /// the scheduler's delay before the thread runs again, about 30 us on a virtual machine
     /// whose idle vCPUs halt. Polling is bounded in time (only targets that usually answer
-    /// within the window are polled for) and in threads (half the CPUs), so a crowd of waiting
-    /// runs cannot take the CPUs from the network tasks.
+    /// within the window are polled for) and in threads (half the CPUs, the node's busy-wait
+    /// thread included while it is busy), so a crowd of waiting runs cannot take the CPUs from
+    /// the network tasks.
     fn spin_for_signal(&self, waiter: &mut Process, until: Instant) -> Option<Signal> {
         if Instant::now() >= until {
             return None;

@@ -84,6 +84,7 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
             tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
             return format!("malformed control message: {e}");
         }
+        node.traffic();
     }
 }
 

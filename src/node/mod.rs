@@ -7,9 +7,10 @@
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
 //! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
 //! `frame` (frame formats, fragments), `control` (control messages), `signals` (what incoming
-//! control messages do to local processes), `process`, `term`, `flags`, `cookie`, `gen` (gen_server
-//! call and reply conventions).
+//! control messages do to local processes), `busy_wait` (a CPU kept awake after traffic),
+//! `process`, `term`, `flags`, `cookie`, `gen` (gen_server call and reply conventions).
 
+pub mod busy_wait;
 pub mod connection;
 pub mod control;
 pub mod cookie;
@@ -31,7 +32,7 @@ use handshake::LocalIdentity;
 pub use process::{Dest, Process, Signal};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use term::{atom, ref_key};
@@ -52,6 +53,9 @@ pub struct NodeConfig {
     pub port_max: u16,
     /// `net_ticktime`: a peer silent for this long is considered down.
     pub net_ticktime: Duration,
+    /// How long a CPU stays busy after each message received or sent (see [`busy_wait`]);
+    /// zero: never.
+    pub busy_wait: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +69,8 @@ pub enum StartError {
         max: u16,
         source: std::io::Error,
     },
+    #[error("cannot start the busy-wait thread: {0}")]
+    BusyWait(std::io::Error),
     #[error("node name {0:?} must look like name@host")]
     BadName(String),
     #[error("epmd refused to register {0} (is a node with that name already running?)")]
@@ -91,6 +97,7 @@ pub(crate) struct NodeInner {
     listen_addr: SocketAddr,
     registration: Mutex<Option<epmd::Registration>>,
     listener: Mutex<Option<TcpListener>>,
+    busy_wait: busy_wait::BusyWait,
 }
 
 #[derive(Default)]
@@ -138,6 +145,8 @@ impl Node {
                     epmd::EpmdError::Protocol(_) => StartError::NameTaken(config.name.clone()),
                     other => StartError::Epmd(other),
                 })?;
+        let busy_wait =
+            busy_wait::BusyWait::start(config.busy_wait).map_err(StartError::BusyWait)?;
         let identity = LocalIdentity {
             name: config.name.clone(),
             flags: flags::ADVERTISED,
@@ -159,6 +168,7 @@ impl Node {
                 listen_addr,
                 registration: Mutex::new(Some(registration)),
                 listener: Mutex::new(None),
+                busy_wait,
             }),
         };
         *node
@@ -359,6 +369,18 @@ impl Node {
         payload: Option<Term>,
     ) {
         peers::peer_for(self, node).enqueue(from, control, payload);
+        self.inner.busy_wait.arm();
+    }
+
+    /// A message came in from a peer: keep a CPU awake for what follows (see [`busy_wait`]).
+    pub(crate) fn traffic(&self) {
+        self.inner.busy_wait.arm();
+    }
+
+    /// Threads of this process keeping a CPU busy now; others that would spin claim a place
+    /// here (see [`busy_wait`]).
+    pub fn busy_threads(&self) -> &Arc<AtomicUsize> {
+        self.inner.busy_wait.busy_threads()
     }
 
     pub(crate) fn deliver(&self, pid: &Pid, signal: Signal) {
