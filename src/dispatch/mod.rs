@@ -12,7 +12,7 @@
 //! `term_to_binary(target)` themselves (see [`target`]).
 //!
 //! Nothing waits forever: each wait monitors its target, is bounded by the run's timeout, and is
-//! abandoned when the process that asked for the run dies (see [`wait`] and [`run`]).
+//! abandoned when the process that asked for the run dies (see `wait.rs` and `run.rs`).
 //!
 //! Files: `target` (operand 0: run handles and term-encoded targets), `run` (per-run state and the
 //! requester watch), `wait` (send + wait with monitors and timeouts), `watch` (monitors shared by
@@ -212,7 +212,7 @@ pub struct RunCallbacks {
 }
 
 impl RunCallbacks {
-    /// The 8 bytes the server passes as parameter 0 (EXLA's u8[8]) of this run.
+    /// The 8 bytes the server passes as parameter 0 (EXLA's `u8[8]`) of this run.
     pub fn handle_bytes(&self) -> [u8; 8] {
         target::handle_bytes(self.handle)
     }

@@ -3,7 +3,7 @@
 //!
 //! Why: a request that arrives while every CPU idles must first wake one, and on a virtual
 //! machine whose idle vCPUs halt (this one boots with `haltpoll.guest_halt_poll_ns=0`) that takes
-//! tens of microseconds. In a plain C ping-pong over loopback TCP here, a round trip took 90-100 us
+//! tens of microseconds. In a plain C ping-pong over loopback TCP here, a round trip took 88-106 us
 //! with both sides blocked in `read`, and 16 us when the server had one spare thread yielding in a
 //! loop. A client that calls again soon after its reply finds a CPU awake.
 //!
@@ -75,8 +75,8 @@ impl BusyWait {
         })
     }
 
-    /// How many threads of this process keep a CPU busy now: this thread while busy, and those
-    /// that claim a place here (see [`crate::claim::Claim`]).
+    /// How many threads of this process keep a CPU busy now: this thread while busy, and the
+    /// callback waiters that claim a place here to poll for their replies.
     pub fn busy_threads(&self) -> &Arc<AtomicUsize> {
         &self.busy_threads
     }
@@ -89,7 +89,8 @@ impl BusyWait {
         };
         let until = shared.now() + shared.window.as_nanos() as u64;
         shared.busy_until.store(until, Ordering::SeqCst);
-        if shared.asleep.swap(false, Ordering::SeqCst) {
+        // Load first: while the thread is busy (the common case), arming needs no atomic swap.
+        if shared.asleep.load(Ordering::SeqCst) && shared.asleep.swap(false, Ordering::SeqCst) {
             thread.thread().unpark();
         }
     }

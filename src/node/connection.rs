@@ -4,7 +4,7 @@
 //! (see [`super::outbox`]); everything else is queued here, and everything queued at that moment
 //! goes out in one `writev` (one TCP segment for small messages; TCP_NODELAY is set). Messages too
 //! large for one frame are cut into fragments ([`frame::FRAGMENT_SIZE`]), and the writer sends at
-//! most [`BATCH_LIMIT`] of them per round, so a 64 MiB transfer does not stall small messages from
+//! most `BATCH_LIMIT` of them per round, so a 64 MiB transfer does not stall small messages from
 //! other processes. Messages from one sender stay in order: once a sender has a message in
 //! fragments, its later messages wait in the same lane. Ticks go out when nothing else has been
 //! written for a tick interval.
