@@ -142,13 +142,17 @@ if parts in ["all", "callbacks"] do
   end
 
   for _ <- 1..1000, do: {with.(), without.(), round_trip.()}
+  waited = fn -> {:ok, %{callbacks: c}} = GenServer.call({:xla, xla}, :info); {c.reply_wait_us, c.replies} end
+  {wait0, replies0} = waited.()
   s = Bench.interleave([with: with, without: without, rt: round_trip], 10, 1000)
+  {wait1, replies1} = waited.()
   extra = Bench.median(s.with) - Bench.median(s.without)
   rt = Bench.median(s.rt)
   Bench.report("one callback to a process on another BEAM node (10,000 each, interleaved)", [
     "run with callback:    median #{Bench.us(Bench.median(s.with))}",
     "run without callback: median #{Bench.us(Bench.median(s.without))}",
     "extra latency of one callback: #{Bench.us(extra)}",
+    "  of which the node waited for the reply (request written to reply in hand; mean, from :info): #{Bench.us((wait1 - wait0) / max(replies1 - replies0, 1))}",
     "BEAM-to-BEAM message round trip: #{Bench.us(rt)}",
     "ratio callback/round trip: #{Float.round(extra / rt, 3)}  (target <= 1.5)"
   ])

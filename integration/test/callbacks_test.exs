@@ -279,6 +279,19 @@ defmodule XlaNode.CallbacksTest do
     assert to_f32(bin) == [7.0, 7.0, 7.0, 7.0]
   end
 
+  test ":info counts the time callbacks waited for their replies", %{node: node, peer: peer} do
+    exe = compile!(node, exla_module(:timed))
+    {:ok, %{callbacks: before}} = call(node, :info)
+
+    slow = on_peer(peer, :slow_echo, [self(), 300])
+    assert {:ok, [_]} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: slow]})
+
+    {:ok, %{callbacks: now}} = call(node, :info)
+    assert now.replies - before.replies == 1
+    waited_ms = (now.reply_wait_us - before.reply_wait_us) / 1000
+    assert waited_ms >= 300 and waited_ms < 5_000, "waited #{waited_ms} ms for a reply sent after 300 ms"
+  end
+
   test "many concurrent runs with callbacks to two nodes are all correct", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:many))
     remote = on_peer(peer, :add_one, [])

@@ -59,6 +59,10 @@ pub struct DispatchStats {
     pub errors: u64,
     /// Waits that timed out.
     pub timeouts: u64,
+    /// Microseconds spent waiting for the replies received, each from the request's write to
+    /// the reply in the waiting thread's hands: the callback's round trip through the network and
+    /// the target's node, as this node sees it. `reply_wait_us / replies` is its mean.
+    pub reply_wait_us: u64,
     /// Callbacks waiting right now.
     pub pending: u64,
     /// Outfeed messages sent.
@@ -73,6 +77,7 @@ pub(crate) struct Counters {
     pub replies: AtomicU64,
     pub errors: AtomicU64,
     pub timeouts: AtomicU64,
+    pub reply_wait_us: AtomicU64,
     pub pending: AtomicI64,
     pub outfeeds: AtomicU64,
 }
@@ -166,6 +171,7 @@ impl Dispatcher {
             replies: c.replies.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             timeouts: c.timeouts.load(Ordering::Relaxed),
+            reply_wait_us: c.reply_wait_us.load(Ordering::Relaxed),
             pending: c.pending.load(Ordering::Relaxed).max(0) as u64,
             outfeeds: c.outfeeds.load(Ordering::Relaxed),
             open_runs: self.runs_lock().len() as u64,

@@ -163,6 +163,9 @@ impl Waiters {
         }
         if result.is_ok() {
             registration.typical_reply().record(waited);
+            counters
+                .reply_wait_us
+                .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         }
 
         drop(registration);

@@ -542,6 +542,7 @@ impl Compute {
             ("replies", int(s.replies as i64)),
             ("errors", int(s.errors as i64)),
             ("timeouts", int(s.timeouts as i64)),
+            ("reply_wait_us", int(s.reply_wait_us as i64)),
             ("pending", int(s.pending as i64)),
             ("outfeeds", int(s.outfeeds as i64)),
             ("open_runs", int(s.open_runs as i64)),
