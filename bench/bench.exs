@@ -149,8 +149,8 @@ if parts in ["all", "callbacks"] do
   extra = Bench.median(s.with) - Bench.median(s.without)
   rt = Bench.median(s.rt)
   # Context, not the target: the same round trip once both BEAM nodes have idled for a
-  # millisecond, as the callback server's node has between callbacks (their schedulers' busy
-  # wait is over and they sleep; back to back, they never do).
+  # millisecond. Between two callbacks the callback server's node idles for as long as a run
+  # lasts; back to back, the two nodes never idle and their schedulers keep spinning.
   idle_rt = Bench.median(for _ <- 1..2000, do: (Process.sleep(1); Bench.time(round_trip)))
   Bench.report("one callback to a process on another BEAM node (10,000 each, interleaved)", [
     "run with callback:    median #{Bench.us(Bench.median(s.with))}",
