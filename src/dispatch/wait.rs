@@ -163,9 +163,6 @@ impl Waiters {
         }
         if result.is_ok() {
             registration.typical_reply().record(waited);
-            counters
-                .reply_wait_us
-                .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         }
 
         drop(registration);
@@ -174,7 +171,13 @@ impl Waiters {
         }
         counters.pending.fetch_sub(1, Ordering::Relaxed);
         match &result {
-            Ok(_) => counters.replies.fetch_add(1, Ordering::Relaxed),
+            Ok(_) => {
+                // Together: `:info` users divide one by the other.
+                counters
+                    .reply_wait_us
+                    .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+                counters.replies.fetch_add(1, Ordering::Relaxed)
+            }
             Err(WaitError::TimedOut(_)) => counters.timeouts.fetch_add(1, Ordering::Relaxed),
             Err(WaitError::Failed(_)) => counters.errors.fetch_add(1, Ordering::Relaxed),
         };
