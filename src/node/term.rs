@@ -148,30 +148,17 @@ pub fn head(buf: &[u8], at: usize, limit: usize) -> Result<Head, TermError> {
         105 => u32_at(buf, &mut pos)? as u64, // LARGE_TUPLE_EXT
         108 => u32_at(buf, &mut pos)? as u64 + 1, // LIST_EXT: elements + tail
         116 => u32_at(buf, &mut pos)? as u64 * 2, // MAP_EXT: keys and values
-        88 => {
-            // NEW_PID_EXT: node atom, then id, serial, creation
+        88 | 103 | 89 | 102 | 120 => {
+            // Pids and ports: the node atom, then a fixed-size body.
+            let body = match tag {
+                88 => 12, // NEW_PID_EXT: id, serial, creation (4 bytes each)
+                103 => 9, // PID_EXT: id, serial (4 bytes each), creation (1)
+                89 => 8,  // NEW_PORT_EXT: id, creation (4 bytes each)
+                102 => 5, // PORT_EXT: id (4 bytes), creation (1)
+                _ => 12,  // V4_PORT_EXT: id (8 bytes), creation (4)
+            };
             atom_only(buf, &mut pos)?;
-            skip(limit, &mut pos, 12)?
-        }
-        103 => {
-            // PID_EXT
-            atom_only(buf, &mut pos)?;
-            skip(limit, &mut pos, 9)?
-        }
-        89 => {
-            // NEW_PORT_EXT
-            atom_only(buf, &mut pos)?;
-            skip(limit, &mut pos, 8)?
-        }
-        102 => {
-            // PORT_EXT
-            atom_only(buf, &mut pos)?;
-            skip(limit, &mut pos, 5)?
-        }
-        120 => {
-            // V4_PORT_EXT
-            atom_only(buf, &mut pos)?;
-            skip(limit, &mut pos, 12)?
+            skip(limit, &mut pos, body)?
         }
         90 | 114 => {
             // NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT
