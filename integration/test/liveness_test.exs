@@ -1,0 +1,183 @@
+defmodule XlaNode.LivenessTest do
+  @moduledoc """
+  The node keeps answering everyone under mixed concurrent load: client processes on two BEAM
+  nodes loop over tiny runs, runs large enough for XLA to execute them asynchronously, and runs
+  that call back into a process on the other BEAM node, some of whose callback servers answer
+  only after 2 s. Meanwhile a watchdog on the test node calls `:ping` every 10 ms with a 1 s
+  timeout. Every request must be answered with the right result and no ping may time out.
+  """
+  use ExUnit.Case, async: false
+
+  alias XlaNode.{Harness, Load}
+
+  @moduletag :slow
+  @moduletag timeout: 240_000
+
+  @tiny """
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+    %y = stablehlo.add %x, %one : tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+  """
+
+  # 256 KiB in and out: XLA's CPU client runs it asynchronously on its own threads.
+  @big """
+  func.func @main(%x: tensor<65536xf32>) -> tensor<65536xf32> {
+    %two = stablehlo.constant dense<2.0> : tensor<65536xf32>
+    %y = stablehlo.multiply %x, %two : tensor<65536xf32>
+    return %y : tensor<65536xf32>
+  }
+  """
+
+  # EXLA's form: the callback server's u8[8] is parameter 0, supplied by the node.
+  @callback_id :erlang.term_to_binary(:liveness)
+  @callback_words (for <<w::signed-native-64 <- @callback_id <> :binary.copy(<<0>>, rem(8 - rem(byte_size(@callback_id), 8), 8))>>, do: w)
+  @callback_program """
+  func.func @main(%cb: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {
+    %r = stablehlo.custom_call @exla_runtime_callback(%cb, %x) {api_version = 4 : i32, has_side_effect = true, backend_config = {callback_id = array<i64: #{Enum.join(@callback_words, ", ")}>, callback_id_size = #{byte_size(@callback_id)} : ui64, num_aliased_data_outputs = 0 : ui64}} : (tensor<8xui8>, tensor<4xf32>) -> tensor<4xf32>
+    return %r : tensor<4xf32>
+  }
+  """
+
+  setup_all do
+    peers = for _ <- 1..2, do: Harness.start_peer(nil, [], cleanup: false)
+
+    for peer <- peers do
+      Harness.peer_call(peer, Load, :callback_server, [0, :liveness_fast])
+      Harness.peer_call(peer, Load, :callback_server, [2_000, :liveness_slow])
+    end
+
+    on_exit(fn -> Enum.each(peers, &Harness.stop_peer/1) end)
+    %{peers: peers}
+  end
+
+  setup do
+    node = Harness.start_node()
+    Harness.connect!(node)
+
+    exes =
+      for {kind, mlir} <- [tiny: @tiny, big: @big, callback: @callback_program], into: %{} do
+        {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, mlir}, 60_000)
+        {kind, exe}
+      end
+
+    %{node: node, exes: exes}
+  end
+
+  # The requests a client on `peer` loops over; its callbacks go to the other peer.
+  defp fast_mix(exes, peers, peer) do
+    [other] = peers -- [peer]
+
+    [
+      {:tiny, exes.tiny},
+      {:big, exes.big},
+      {:callback, exes.callback, {:liveness_fast, other.node}}
+    ]
+  end
+
+  defp on_peers(peers, fun) do
+    peers
+    |> Enum.map(fn peer -> Task.async(fn -> fun.(peer) end) end)
+    |> Enum.map(&Task.await(&1, 200_000))
+  end
+
+  defp fast_load(node, exes, peers, clients_per_peer, duration_ms) do
+    on_peers(peers, fn peer ->
+      Harness.peer_call(peer, Load, :run_clients, [node.name, clients_per_peer, duration_ms, fast_mix(exes, peers, peer)], 200_000)
+    end)
+  end
+
+  # `count` runs at once whose callback server answers after 2 s, split over the peers.
+  defp slow_burst(node, exes, peers, count) do
+    on_peers(peers, fn peer ->
+      [other] = peers -- [peer]
+      Harness.peer_call(peer, Load, :burst, [node.name, exes.callback, {:liveness_slow, other.node}, div(count, length(peers))], 200_000)
+    end)
+  end
+
+  defp assert_all_answered(summaries) do
+    for s <- List.flatten(summaries) do
+      assert s.failed == 0, "#{s.failed} requests failed, the first: #{inspect(s.failures)}"
+    end
+
+    Enum.sum(for s <- List.flatten(summaries), do: s.ok)
+  end
+
+  defp with_watchdog(node, fun) do
+    watchdog = Task.async(fn -> watch(node.name, System.monotonic_time(:millisecond), 0, 0, 0) end)
+    result = fun.()
+    send(watchdog.pid, :stop)
+    %{pings: pings, timeouts: timeouts, max_ms: max_ms} = Task.await(watchdog, 5_000)
+    assert timeouts == 0, "#{timeouts} of #{pings} pings timed out (1 s); the slowest answered in #{max_ms} ms"
+    assert pings > 100
+    result
+  end
+
+  defp watch(name, _started, pings, timeouts, max_ms) do
+    receive do
+      :stop -> %{pings: pings, timeouts: timeouts, max_ms: max_ms}
+    after
+      10 ->
+        t0 = System.monotonic_time(:millisecond)
+
+        answered =
+          try do
+            GenServer.call({:xla, name}, :ping, 1_000) == :pong
+          catch
+            :exit, _ -> false
+          end
+
+        took = System.monotonic_time(:millisecond) - t0
+        watch(name, t0, pings + 1, timeouts + if(answered, do: 0, else: 1), max(max_ms, took))
+    end
+  end
+
+  defp info(node) do
+    {:ok, info} = GenServer.call({:xla, node.name}, :info)
+    info
+  end
+
+  test "a large run, a callback run 2 ms later and a tiny run, then mixed fast load from 4 clients", %{node: node, exes: exes, peers: [a, b] = peers} do
+    with_watchdog(node, fn ->
+      big = Task.async(fn -> Load.request(node.name, {:big, exes.big}, 1) end)
+      Process.sleep(2)
+      callback = Task.async(fn -> Load.request(node.name, {:callback, exes.callback, {:liveness_fast, b.node}}, 2) end)
+      tiny = Task.async(fn -> Load.request(node.name, {:tiny, exes.tiny}, 3) end)
+      assert Enum.map([big, callback, tiny], &Task.await(&1, 30_000)) == [:ok, :ok, :ok]
+
+      total = assert_all_answered(fast_load(node, exes, peers, 2, 15_000))
+      assert total > 100
+      assert a != b
+    end)
+
+    assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
+  end
+
+  test "50 runs waiting 2 s for their callbacks, with 4 fast clients alongside", %{node: node, exes: exes, peers: peers} do
+    with_watchdog(node, fn ->
+      slow = Task.async(fn -> slow_burst(node, exes, peers, 50) end)
+      fast = fast_load(node, exes, peers, 2, 8_000)
+      assert_all_answered(fast)
+      assert assert_all_answered(Task.await(slow, 200_000)) == 50
+    end)
+
+    assert %{callbacks: %{pending: 0, open_runs: 0, replies: replies}, runs_queued: 0} = info(node)
+    assert replies >= 50
+  end
+
+  test "both loads at once: fast clients while bursts of 50 slow callback runs come and go", %{node: node, exes: exes, peers: peers} do
+    with_watchdog(node, fn ->
+      slow =
+        Task.async(fn ->
+          for _ <- 1..2, do: slow_burst(node, exes, peers, 50)
+        end)
+
+      fast = fast_load(node, exes, peers, 2, 15_000)
+      assert_all_answered(fast)
+      assert assert_all_answered(Task.await(slow, 200_000)) == 100
+    end)
+
+    assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
+  end
+end
