@@ -54,6 +54,11 @@ struct Cli {
     /// Default bound, in seconds, on the wait for each host callback's reply.
     #[arg(long, default_value_t = 60)]
     callback_timeout: u64,
+    /// Default bound, in seconds, on the time a run waits for a place to execute when the node
+    /// already runs as many as XLA can hold (a run's `queue_timeout` option overrides it);
+    /// 0: no bound.
+    #[arg(long, default_value_t = 60)]
+    queue_timeout: u64,
     /// Microseconds a run waiting for a callback's reply polls for it (yielding the CPU) before
     /// its thread sleeps, when the target usually answers within that time; at most half the
     /// CPUs spin at once, the busy-wait thread included. 0: sleep at once.
@@ -99,6 +104,7 @@ fn main() -> anyhow::Result<()> {
         net_ticktime: Duration::from_secs(cli.net_ticktime.max(1)),
         busy_wait: Duration::from_micros(cli.busy_wait_us),
     };
+    let signals = watch_signals()?;
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -112,11 +118,13 @@ fn main() -> anyhow::Result<()> {
                 plugin,
                 callback_timeout: Duration::from_secs(cli.callback_timeout),
                 callback_spin: Duration::from_micros(cli.callback_spin_us),
+                queue_timeout: (cli.queue_timeout > 0)
+                    .then(|| Duration::from_secs(cli.queue_timeout)),
             },
         )?;
         node.start_accepting();
-        wait_for_signal().await?;
-        tracing::info!("shutting down");
+        let signal = signals.await?;
+        tracing::info!("{signal}: shutting down");
         node.shutdown().await;
         drop(server);
         Ok::<_, anyhow::Error>(())
@@ -125,13 +133,36 @@ fn main() -> anyhow::Result<()> {
     std::process::exit(0)
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
+/// How long a graceful shutdown may take before the node ends at once.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Waits for SIGTERM or SIGINT on a thread of its own, outside the async runtime, and reports
+/// the first through the returned receiver so that the node shuts down gracefully. The node
+/// always ends within [`SHUTDOWN_GRACE`] of that signal, at once on a second one: the thread
+/// then lets the signal's default action (termination) happen, whatever runs are doing.
+fn watch_signals() -> anyhow::Result<tokio::sync::oneshot::Receiver<&'static str>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::low_level::{emulate_default_handler, signal_name};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let (first, received) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("xla-node-signals".into())
+        .spawn(move || {
+            let mut signals = signals.forever();
+            let Some(signal) = signals.next() else { return };
+            let name = signal_name(signal).unwrap_or("signal");
+            let _ = first.send(name);
+            std::thread::spawn(move || {
+                std::thread::sleep(SHUTDOWN_GRACE);
+                tracing::error!(
+                    "shutdown took more than {} s; ending now",
+                    SHUTDOWN_GRACE.as_secs()
+                );
+                let _ = emulate_default_handler(signal);
+            });
+            if let Some(again) = signals.next() {
+                let _ = emulate_default_handler(again);
+            }
+        })?;
+    Ok(received)
 }

@@ -25,7 +25,6 @@ mod run;
 mod streams;
 pub mod target;
 mod wait;
-pub use wait::on_runtime_worker;
 mod watch;
 
 use crate::node::{Dest, Node};
@@ -230,12 +229,6 @@ impl RunCallbacks {
 
     pub fn requester(&self) -> &Pid {
         &self.state.requester
-    }
-
-    /// How long the run's callbacks waited for replies so far, and whether each of them waited
-    /// on the thread that opened the run (XLA may run a custom call on a thread of its own).
-    pub fn waits(&self) -> (Duration, bool) {
-        self.state.waits()
     }
 }
 

@@ -19,9 +19,7 @@ use crate::node::term::{atom, tuple};
 use crate::node::Node;
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use crate::node::Dest;
@@ -38,12 +36,6 @@ pub(crate) struct RunState {
     pub(crate) timeout: Duration,
     node: Node,
     inner: Mutex<Inner>,
-    /// The thread that opened the run, which is the thread executing it.
-    thread: ThreadId,
-    /// Time the run's callbacks spent waiting for replies.
-    waited_ns: AtomicU64,
-    /// Whether a callback waited on a thread other than the run's own (XLA ran it elsewhere).
-    waited_elsewhere: AtomicBool,
 }
 
 #[derive(Default)]
@@ -64,27 +56,7 @@ impl RunState {
             timeout,
             node,
             inner: Mutex::new(Inner::default()),
-            thread: std::thread::current().id(),
-            waited_ns: AtomicU64::new(0),
-            waited_elsewhere: AtomicBool::new(false),
         }
-    }
-
-    /// Counts one callback's wait, done on the calling thread.
-    pub(crate) fn record_wait(&self, took: Duration) {
-        self.waited_ns
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-        if std::thread::current().id() != self.thread {
-            self.waited_elsewhere.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Time the run's callbacks waited so far, and whether every wait was on the run's thread.
-    pub(crate) fn waits(&self) -> (Duration, bool) {
-        (
-            Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed)),
-            !self.waited_elsewhere.load(Ordering::Relaxed),
-        )
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

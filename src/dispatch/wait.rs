@@ -4,7 +4,9 @@
 //! `send(pid, {ref, reply})` that the node's network tasks put into the waiter's mailbox: no XLA
 //! thread is needed to receive it. The XLA thread running the custom call first polls that mailbox
 //! for a short while (the node's `--callback-spin-us`) if the target usually answers within it,
-//! then blocks on it with [`Process::recv_blocking_timeout`], never on a tokio worker.
+//! then parks on it with [`Process::recv_blocking_timeout`]. That thread is an executor thread or
+//! one of XLA's, never a thread of the node's runtime (see `server::schedule`), and the wait's
+//! deadline is the parked thread's own, so it holds whatever the runtime is doing.
 //!
 //! Each wait:
 //! 1. registers with the target's shared monitor (see [`super::watch`]): a `Down` (exit,
@@ -23,7 +25,6 @@ use super::inspect;
 use super::run::{RunState, ABANDON};
 use super::watch::Watches;
 use super::Counters;
-use crate::claim::Claim;
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
 use eetf::{Reference, Term};
@@ -154,13 +155,8 @@ impl Waiters {
             Some(typical) if typical > self.spin => Duration::ZERO,
             _ => self.spin,
         };
-        let result = block_in_place_if_worker(|| {
-            self.wait(&mut waiter, dest, &cref, run, timeout, poll, what)
-        });
+        let result = self.wait(&mut waiter, dest, &cref, run, timeout, poll, what);
         let waited = waiting.elapsed();
-        if let Some(run) = run {
-            run.record_wait(waited);
-        }
         if result.is_ok() {
             registration.typical_reply().record(waited);
         }
@@ -281,26 +277,6 @@ impl Waiters {
     }
 }
 
-/// Runs `f`, which blocks, after handing the runtime's other tasks to another thread if this is
-/// a worker of the node's (multi-thread) runtime: a run may start on a worker (see
-/// `server::compute`) and only give the worker up here, once its request is on its way, so that
-/// the hand-over overlaps the reply's round trip. Elsewhere (an executor thread, a thread already
-/// handed over) it simply runs `f`.
-pub(crate) fn block_in_place_if_worker<R>(f: impl FnOnce() -> R) -> R {
-    if on_runtime_worker() {
-        tokio::task::block_in_place(f)
-    } else {
-        f()
-    }
-}
-
-/// Whether this thread runs tasks of a multi-thread tokio runtime (where blocking must be
-/// announced with `block_in_place`).
-pub fn on_runtime_worker() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-}
-
 /// The error text for a target that went down while (or before) we waited.
 fn down_text(dest: &Dest, local: &str, reason: &Term, what: &str) -> String {
     let who = inspect::dest(dest, local);
@@ -319,4 +295,26 @@ fn down_text(dest: &Dest, local: &str, reason: &Term, what: &str) -> String {
         ),
     };
     format!("{body} (while waiting for the reply to {what})")
+}
+
+/// A place among a bounded number, counted in an atomic (threads polling for a reply, the node's
+/// busy-wait thread included). Claiming is one atomic add; dropping the claim gives the place
+/// back, also when the holder panics.
+struct Claim(Arc<AtomicUsize>);
+
+impl Claim {
+    /// Claims a place, or returns `None` when `max` are taken.
+    fn new(counter: &Arc<AtomicUsize>, max: usize) -> Option<Claim> {
+        if counter.fetch_add(1, Ordering::Relaxed) >= max {
+            counter.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Claim(counter.clone()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }

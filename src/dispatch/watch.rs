@@ -13,10 +13,11 @@
 //! every XLA thread is blocked. Registering with a watch that already fired fails with its reason.
 
 use crate::node::{Dest, Node, Signal};
-use crate::typical::Typical;
 use eetf::Term;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 /// Watches without registrations kept for reuse; beyond this, idle ones are dropped (which
 /// demonitors them) when a new one is made.
@@ -78,7 +79,7 @@ pub(crate) struct Registration {
 
 impl Registration {
     /// How long the watched process typically takes to answer a callback.
-    pub(crate) fn typical_reply(&self) -> &Typical {
+    pub(super) fn typical_reply(&self) -> &Typical {
         &self.watch.typical_reply
     }
 }
@@ -175,5 +176,36 @@ fn key(dest: &Dest, local: &str) -> String {
         Dest::Pid(p) => format!("<{}.{}.{}.{}>", p.node.name, p.id, p.serial, p.creation),
         Dest::Name(name) => format!("{name}@{local}"),
         Dest::Remote { name, node } => format!("{name}@{node}"),
+    }
+}
+
+/// A typical duration: a moving average over recent measurements, shared between threads without
+/// a lock, so that one reply slowed down by a busy machine does not flip the decision taken on it
+/// (whether to poll for a callback's reply).
+/// Microseconds; `u64::MAX` before the first measurement.
+pub(super) struct Typical(AtomicU64);
+
+impl Typical {
+    pub(super) fn new() -> Typical {
+        Typical(AtomicU64::new(u64::MAX))
+    }
+
+    /// The average so far; `None` before the first measurement.
+    pub(super) fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// Folds one measurement into the average (weight 1/8). Concurrent updates may lose one,
+    /// which only makes the average a little less smooth.
+    pub(super) fn record(&self, took: Duration) {
+        let took = took.as_micros().min(u128::from(u64::MAX - 1)) as u64;
+        let typical = match self.0.load(Ordering::Relaxed) {
+            u64::MAX => took,
+            old => old - old / 8 + took / 8,
+        };
+        self.0.store(typical, Ordering::Relaxed);
     }
 }

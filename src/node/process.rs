@@ -10,7 +10,10 @@ use super::control::ProcRef;
 use super::term::{atom, tuple};
 use super::Node;
 use eetf::{Pid, Reference, Term};
-use std::time::Duration;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// What arrives in a process's mailbox.
@@ -157,16 +160,30 @@ impl Process {
         self.mailbox.try_recv().ok()
     }
 
-    /// Blocking receive with a deadline, for threads outside the async runtime (XLA's).
-    /// Returns `None` on timeout or when the node shut down.
+    /// Blocking receive with a deadline, for threads outside the async runtime (XLA's and the
+    /// executor's). The thread parks until the node's network side delivers a signal or the
+    /// timeout passes; no timer of the runtime is involved, so the deadline holds even if every
+    /// runtime thread were busy. Returns `None` on timeout or when the node shut down.
     pub fn recv_blocking_timeout(&mut self, timeout: Duration) -> Option<Signal> {
-        let handle = self.node.runtime().clone();
-        handle.block_on(async {
-            tokio::time::timeout(timeout, self.mailbox.recv())
-                .await
-                .ok()
-                .flatten()
-        })
+        debug_assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "recv_blocking_timeout blocks: never call it on a runtime thread"
+        );
+        let deadline = Instant::now() + timeout;
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match self.mailbox.poll_recv(&mut cx) {
+                Poll::Ready(signal) => return signal,
+                Poll::Pending => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    std::thread::park_timeout(left);
+                }
+            }
+        }
     }
 
     pub fn send(&self, to: impl Into<Dest>, message: Term) {
@@ -204,5 +221,18 @@ impl Drop for Process {
         if !self.exited {
             self.node.terminate(&self.pid, atom("normal"));
         }
+    }
+}
+
+/// Wakes a thread parked in [`Process::recv_blocking_timeout`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
     }
 }

@@ -1,15 +1,13 @@
 //! The `:xla` server's compute requests: compile, run, and device buffers.
 //!
 //! The server process only parses a request and looks up the references it names; the work then
-//! goes to another thread, which sends the reply itself: an executor thread, or for a run that
-//! calls back, a runtime worker handed over to the run (see [`Compute::run`]). Runs that
-//! typically take a few microseconds run on the server's task itself. The data path of a run
-//! reads straight: tensors arrive in the request, are checked against the executable's
+//! goes to an executor thread, which sends the reply itself. Runs are admitted to those threads
+//! by the [`Scheduler`] (see `schedule.rs`: where XLA work executes, and why). The data path of
+//! a run reads straight: tensors arrive in the request, are checked against the executable's
 //! parameters, copied to the device, executed, and the results go back in the reply.
 
 use super::resources::{Owner, Program, Resource, Resources};
-use crate::claim::Claim;
-use crate::dispatch::RunCallbacks;
+use super::schedule::Scheduler;
 use crate::node::gen::{self, From};
 use crate::node::term::{
     as_atom, as_i64, as_list, as_tuple, atom, binary, error_kind, int, list, ok,
@@ -19,7 +17,7 @@ use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Buffer, Executable, Executor, HostTensor, Input, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,12 +31,11 @@ pub struct Compute {
     pub resources: Arc<Resources>,
     pub plugin: PathBuf,
     pub dispatcher: Arc<crate::dispatch::Dispatcher>,
+    pub scheduler: Arc<Scheduler>,
+    /// How long a run may wait for a place unless it says otherwise (`None`: no limit).
+    pub queue_timeout: Option<Duration>,
     /// Runs finished, and how many of them failed.
     pub runs: Arc<(AtomicU64, AtomicU64)>,
-    /// Runs with callbacks now running on runtime worker threads (see [`Compute::run`]).
-    pub in_place: Arc<AtomicUsize>,
-    /// Runs with callbacks now starting on a runtime worker without handing it over (at most one).
-    pub on_worker: Arc<AtomicUsize>,
 }
 
 /// A run argument: a tensor from the request, or a buffer already on the device.
@@ -51,17 +48,8 @@ struct RunOptions {
     keep_on_device: bool,
     callback_server: Option<Dest>,
     callback_timeout: Duration,
+    queue_timeout: Option<Duration>,
 }
-
-/// Runs typically this long at most (upload and download included) may execute on the
-/// server's own task instead of an executor thread.
-const INLINE_MAX_RUN: Duration = Duration::from_micros(50);
-
-/// ... and only with this many bytes of host arguments at most.
-const INLINE_MAX_BYTES: usize = 64 * 1024;
-
-/// Most runs with callbacks at once on runtime threads of their own; more go to executor threads.
-const MAX_IN_PLACE: usize = 64;
 
 fn argument_error(message: impl Into<String>) -> Term {
     error_kind("argument_error", message)
@@ -148,7 +136,7 @@ impl Compute {
         }
         let calls_back = Program::mentions_callbacks(&program);
         let this = self.clone();
-        self.executor.submit(Box::new(move || {
+        self.scheduler.spawn(Box::new(move || {
             let reply = match this.executor.compile(program) {
                 Ok((exe, _cache_hit)) => {
                     let program = Program::new(exe, calls_back);
@@ -203,109 +191,26 @@ impl Compute {
             Ok(p) => p,
             Err(e) => return self.reply(&from, argument_error(e)),
         };
-        // Programs that recently ran in a few microseconds, with small arguments and no host
-        // callbacks, run right here: handing them to an executor thread and replying from there
-        // would cost two cross-thread wake-ups, several times the run itself.
-        let small_args = args
-            .iter()
-            .map(|a| {
-                if let Arg::Host(t) = a {
-                    t.data.len()
-                } else {
-                    0
-                }
-            })
-            .sum::<usize>()
-            <= INLINE_MAX_BYTES;
-        let inline = !program.calls_back
-            && small_args
-            && program
-                .typical_run
-                .get()
-                .is_some_and(|t| t <= INLINE_MAX_RUN);
-        if inline {
-            return self.run_and_reply(&program, args, &opts, &from);
-        }
-        let in_place = if program.calls_back {
-            self.claim_in_place()
-        } else {
-            None
-        };
-        if let Some(in_place) = in_place {
-            // A run that calls back mostly waits for replies. It runs on a worker thread of the
-            // runtime, which hands the runtime's other tasks to another thread (block_in_place):
-            // the run starts without waking an executor thread first.
-            //
-            // Handing over costs 15-20 us (a thread wake-up). A program that keeps its thread
-            // busy only briefly, and whose callbacks wait on the thread running it, starts
-            // without handing over: each callback hands the worker over only once its request is
-            // sent, so that the hand-over overlaps the reply's round trip. One run at a time
-            // starts that way, so even if XLA ran a callback on a thread of its own (and this
-            // worker stayed blocked for the whole run), the other workers keep serving.
-            let brief = program
-                .typical_run
-                .get()
-                .is_some_and(|t| t <= INLINE_MAX_RUN);
-            let on_worker = if brief && program.waits_on_run_thread() {
-                self.claim_on_worker()
-            } else {
-                None
-            };
-            let this = self.clone();
-            tokio::spawn(async move {
-                let _in_place = in_place; // both claims are given back even on a panic
-                if on_worker.is_some() {
-                    this.run_and_reply(&program, args, &opts, &from);
-                } else {
-                    tokio::task::block_in_place(|| {
-                        this.run_and_reply(&program, args, &opts, &from)
-                    });
-                }
-            });
-            return;
-        }
         let this = self.clone();
-        self.executor.submit(Box::new(move || {
-            this.run_and_reply(&program, args, &opts, &from)
-        }));
-    }
-
-    /// A place for a run on a worker thread of its own (see [`Compute::run`]); bounded, so that
-    /// a crowd of waiting runs cannot exhaust tokio's blocking threads.
-    fn claim_in_place(&self) -> Option<Claim> {
-        if !crate::dispatch::on_runtime_worker() {
-            return None;
-        }
-        Claim::new(&self.in_place, MAX_IN_PLACE)
-    }
-
-    /// The place for the one run that may start on a worker without handing it over; only while
-    /// the runtime has another worker to serve the network meanwhile.
-    fn claim_on_worker(&self) -> Option<Claim> {
-        if tokio::runtime::Handle::current().metrics().num_workers() < 2 {
-            return None;
-        }
-        Claim::new(&self.on_worker, 1)
+        let timed_out = self.clone();
+        let waiting = from.clone();
+        self.scheduler.submit_run(
+            program.calls_back,
+            opts.queue_timeout,
+            Box::new(move || this.run_and_reply(&program, args, &opts, &from)),
+            Box::new(move |text| timed_out.reply(&waiting, error_kind("timeout", text))),
+        );
     }
 
     fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
-        let started = std::time::Instant::now();
         self.runs.0.fetch_add(1, Ordering::Relaxed);
-        let mut waits = None;
-        let reply = match self.execute(&program.exe, args, opts, &from.pid, &mut waits) {
+        let reply = match self.execute(&program.exe, args, opts, &from.pid) {
             Ok(results) => ok(list(results)),
             Err(e) => {
                 self.runs.1.fetch_add(1, Ordering::Relaxed);
                 xla_error(&e)
             }
         };
-        let (waited, on_run_thread) = waits.unwrap_or((Duration::ZERO, false));
-        program
-            .typical_run
-            .record(started.elapsed().saturating_sub(waited));
-        if !waited.is_zero() {
-            program.record_waits_on_run_thread(on_run_thread);
-        }
         self.reply(from, reply);
     }
 
@@ -314,6 +219,7 @@ impl Compute {
             keep_on_device: false,
             callback_server: None,
             callback_timeout: self.dispatcher.default_timeout(),
+            queue_timeout: self.queue_timeout,
         };
         for (key, value) in opts.map(|o| keywords(&o)).transpose()?.unwrap_or_default() {
             match key.as_str() {
@@ -336,9 +242,16 @@ impl Compute {
                         _ => return Err(format!("callback_timeout must be a positive number of milliseconds or :infinity, got {value}")),
                     }
                 }
+                "queue_timeout" => {
+                    options.queue_timeout = match (as_i64(&value), as_atom(&value)) {
+                        (Some(ms), _) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
+                        (_, Some("infinity")) => None,
+                        _ => return Err(format!("queue_timeout must be a non-negative number of milliseconds or :infinity, got {value}")),
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout)"
+                        "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout, queue_timeout)"
                     ))
                 }
             }
@@ -346,14 +259,13 @@ impl Compute {
         Ok(options)
     }
 
-    /// Check, upload, execute, collect (on an executor thread, or inline for tiny runs).
+    /// Check, upload, execute, collect (on an executor thread).
     fn execute(
         &self,
         exe: &Executable,
         args: Vec<Arg>,
         opts: &RunOptions,
         requester: &Pid,
-        waits: &mut Option<(Duration, bool)>,
     ) -> Result<Vec<Term>, XlaError> {
         let params = exe.parameters();
         // EXLA-compiled modules take the callback server as a u8[8] first parameter: the node
@@ -413,7 +325,6 @@ impl Compute {
             }))
             .collect();
         let outputs = exe.run(&inputs);
-        *waits = callbacks.as_ref().map(RunCallbacks::waits);
         drop(callbacks);
         let outputs = outputs?;
         if opts.keep_on_device {
@@ -441,7 +352,7 @@ impl Compute {
             Err(e) => return self.reply(&from, argument_error(e)),
         };
         let this = self.clone();
-        self.executor.submit(Box::new(move || {
+        self.scheduler.spawn(Box::new(move || {
             let reply = match this.executor.client().buffer_from_host(
                 &tensor.data,
                 tensor.dtype,
@@ -469,7 +380,7 @@ impl Compute {
             Err(e) => return self.reply(&from, argument_error(e)),
         };
         let this = self.clone();
-        self.executor.submit(Box::new(move || {
+        self.scheduler.spawn(Box::new(move || {
             let reply = match buffer.to_host() {
                 Ok(data) => ok(host_tensor_term(HostTensor::new(
                     buffer.dtype(),
@@ -484,11 +395,26 @@ impl Compute {
 
     /// `{:free, reference}`.
     pub fn free(&self, from: From, reference: Term) {
-        let reply = match &reference {
-            Term::Reference(r) if self.resources.free(r) => atom("ok"),
-            _ => argument_error(format!("unknown or freed reference {reference}")),
+        let freed = match &reference {
+            Term::Reference(r) => self.resources.free(r),
+            _ => None,
+        };
+        let reply = match freed {
+            Some(resource) => {
+                self.release(vec![resource]);
+                atom("ok")
+            }
+            None => argument_error(format!("unknown or freed reference {reference}")),
         };
         self.reply(&from, reply);
+    }
+
+    /// Drops resources taken out of the table on an executor thread: destroying a buffer or an
+    /// executable is a PJRT call, which the server's task never makes.
+    pub fn release(&self, resources: Vec<Resource>) {
+        if !resources.is_empty() {
+            self.scheduler.spawn(Box::new(move || drop(resources)));
+        }
     }
 
     /// The compute part of `:info`.
@@ -496,6 +422,7 @@ impl Compute {
         let client = self.executor.client();
         let stats = self.executor.stats();
         let (executables, buffers) = self.resources.counts();
+        let scheduled = self.scheduler.counts();
         let (major, minor) = client.api().version();
         let devices = client
             .devices()
@@ -526,6 +453,9 @@ impl Compute {
             ("cache_hits", int(stats.cache_hits as i64)),
             ("cached_executables", int(stats.cached as i64)),
             ("runs", int(self.runs.0.load(Ordering::Relaxed) as i64)),
+            ("runs_running", int(scheduled.running as i64)),
+            ("runs_queued", int(scheduled.queued as i64)),
+            ("queue_timeouts", int(scheduled.queue_timeouts as i64)),
             (
                 "run_errors",
                 int(self.runs.1.load(Ordering::Relaxed) as i64),

@@ -2,11 +2,14 @@
 //! answers `:net_adm.ping/1`.
 //!
 //! `:xla` speaks gen_server: `GenServer.call({:xla, node}, request)`. Requests are handled in
-//! the order they arrive, but anything slow (compiling, running) is handed to executor threads
-//! and replied to from there, so the server itself never blocks.
+//! the order they arrive, but anything that calls XLA (compiling, running, transfers, freeing) is
+//! handed to executor threads and replied to from there, so the server itself never blocks (see
+//! `schedule.rs` for where work executes and why, `watchdog.rs` for the check that it holds).
 
 mod compute;
 mod resources;
+pub mod schedule;
+mod watchdog;
 
 use crate::dispatch::Dispatcher;
 use crate::node::gen::{self, From};
@@ -15,6 +18,7 @@ use crate::node::{Node, Process, Signal};
 use crate::xla::{Client, Executor};
 use compute::Compute;
 use eetf::{Map, Term};
+use schedule::Scheduler;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +29,8 @@ pub struct ServerConfig {
     pub callback_timeout: Duration,
     /// How long a thread waiting for a callback's reply polls before it sleeps.
     pub callback_spin: Duration,
+    /// How long a run may wait for a place to execute (`None`: no limit) unless it says otherwise.
+    pub queue_timeout: Option<Duration>,
 }
 
 /// Where `scripts/setup.sh` installs the CPU plugin.
@@ -89,21 +95,32 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
     .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
+    let executor = Executor::new(client);
+    let scheduler = Scheduler::new(executor.clone(), node.runtime().clone());
+    let heartbeat = watchdog::start(
+        node.runtime(),
+        watchdog::Watched {
+            scheduler: scheduler.clone(),
+            dispatcher: dispatcher.clone(),
+            executor: executor.clone(),
+        },
+    )?;
     let compute = Compute {
         node: node.clone(),
         server: xla.pid().clone(),
-        executor: Executor::new(client),
+        executor,
         resources: Arc::default(),
         plugin: config.plugin,
         dispatcher,
+        scheduler,
+        queue_timeout: config.queue_timeout,
         runs: Arc::default(),
-        in_place: Arc::default(),
-        on_worker: Arc::default(),
     };
     Ok(ServerHandle {
         tasks: vec![
             tokio::spawn(net_kernel_loop(net_kernel)),
             tokio::spawn(xla_loop(xla, compute)),
+            heartbeat,
         ],
     })
 }
@@ -141,9 +158,13 @@ async fn xla_loop(mut process: Process, compute: Compute) {
                 reason,
             } => {
                 let freed = compute.resources.owner_down(&reference);
-                if freed > 0 {
-                    tracing::debug!("xla: {object} went down ({reason}); freed {freed} resources");
+                if !freed.is_empty() {
+                    tracing::debug!(
+                        "xla: {object} went down ({reason}); freeing {} resources",
+                        freed.len()
+                    );
                 }
+                compute.release(freed);
             }
         }
     }

@@ -7,11 +7,9 @@
 //! pull a buffer out from under XLA.
 
 use crate::node::term::ref_key;
-use crate::typical::Typical;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Key = (String, Vec<u32>, u32);
@@ -25,35 +23,14 @@ pub enum Resource {
 /// A compiled executable with what the server learns about it while running it.
 pub struct Program {
     pub exe: Arc<Executable>,
-    /// The module mentions a host-callback target: its runs may block waiting for replies, so
-    /// they never run on the server's own task.
+    /// The module mentions a host-callback target: its runs may wait for replies, so they are
+    /// admitted among the runs that may wait (see `server::schedule`).
     pub calls_back: bool,
-    /// How long a run typically keeps its thread busy: its duration less the time its callbacks
-    /// waited for replies.
-    pub(crate) typical_run: Typical,
-    /// Whether, in the last run that waited for a callback, every wait was on the thread running
-    /// the program. XLA runs a custom call on the caller's thread for most programs, but may use
-    /// threads of its own.
-    waits_on_run_thread: AtomicBool,
 }
 
 impl Program {
     pub fn new(exe: Arc<Executable>, calls_back: bool) -> Program {
-        Program {
-            exe,
-            calls_back,
-            typical_run: Typical::new(),
-            waits_on_run_thread: AtomicBool::new(false),
-        }
-    }
-
-    pub fn waits_on_run_thread(&self) -> bool {
-        self.waits_on_run_thread.load(Ordering::Relaxed)
-    }
-
-    pub fn record_waits_on_run_thread(&self, on_run_thread: bool) {
-        self.waits_on_run_thread
-            .store(on_run_thread, Ordering::Relaxed);
+        Program { exe, calls_back }
     }
 
     /// Whether a module's text or bytecode names a host-callback target.
@@ -123,32 +100,32 @@ impl Resources {
             .map(|(r, _)| r.clone())
     }
 
-    /// Frees one resource; false if the reference is unknown (or already freed).
-    pub fn free(&self, reference: &Reference) -> bool {
+    /// Removes one resource from the table and returns it; `None` if the reference is unknown
+    /// (or already freed). The caller drops it where XLA may be called (see `server::schedule`).
+    pub fn free(&self, reference: &Reference) -> Option<Resource> {
         let mut t = self.lock();
         let key = ref_key(reference);
-        let Some((_, owner)) = t.resources.remove(&key) else {
-            return false;
-        };
+        let (resource, owner) = t.resources.remove(&key)?;
         if let Some((_, owned)) = t.owners.get_mut(&owner) {
             owned.remove(&key);
         }
-        true
+        Some(resource)
     }
 
-    /// The owner behind `monitor` died: frees all it owned. Returns how many resources went.
-    pub fn owner_down(&self, monitor: &Reference) -> usize {
+    /// The owner behind `monitor` died: removes all it owned and returns it, to be dropped as
+    /// [`Resources::free`] says.
+    pub fn owner_down(&self, monitor: &Reference) -> Vec<Resource> {
         let mut t = self.lock();
         let Some(owner) = t.monitors.remove(&ref_key(monitor)) else {
-            return 0;
+            return Vec::new();
         };
         let Some((_, owned)) = t.owners.remove(&owner) else {
-            return 0;
+            return Vec::new();
         };
-        for key in &owned {
-            t.resources.remove(key);
-        }
-        owned.len()
+        owned
+            .iter()
+            .filter_map(|key| t.resources.remove(key).map(|(r, _)| r))
+            .collect()
     }
 
     /// (executables, buffers) currently held.

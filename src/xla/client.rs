@@ -204,7 +204,15 @@ impl ApiInner {
     }
 
     /// Waits for an event, destroys it and returns its error status.
+    ///
+    /// The one place the node waits on XLA. It blocks, possibly for as long as a host callback
+    /// takes, so it must never run on a thread of the async runtime, whose tasks serve the
+    /// network (see `server::schedule`); debug builds check that.
     pub(crate) fn await_and_destroy(&self, event: *mut PJRT_Event) -> Result<(), String> {
+        debug_assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "waiting on an XLA event on a thread of the async runtime"
+        );
         if event.is_null() {
             return Ok(());
         }
