@@ -110,6 +110,9 @@ defmodule XlaNode do
       parameter itself, so `args` leave it out.
     * `:callback_timeout` - how long the node waits for each callback reply, in milliseconds or
       `:infinity`
+    * `:queue_timeout` - how long the run may wait for a place when the node already executes as
+      many runs as it admits at once, in milliseconds or `:infinity` (default: the node's
+      `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
     * `:timeout` - how long to wait for the result (default `:infinity`)
 
   Other options are passed to the node as they are.

@@ -180,4 +180,52 @@ defmodule XlaNode.LivenessTest do
 
     assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
   end
+
+  defp eventually(fun, tries \\ 200) do
+    cond do
+      fun.() -> true
+      tries == 0 -> false
+      true -> Process.sleep(25) && eventually(fun, tries - 1)
+    end
+  end
+
+  test "beyond 24 runs that call back, the rest queue in the node; a run that cannot start within its queue_timeout fails", %{node: node, exes: exes, peers: [_, b]} do
+    slow = {:liveness_slow, b.node}
+    x = Load.f32(1.0, 4)
+    waiting = for _ <- 1..24, do: Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
+    assert eventually(fn -> info(node).runs_running == 24 end)
+
+    # Runs without callbacks have places of their own.
+    assert Load.request(node.name, {:tiny, exes.tiny}, 7) == :ok
+
+    assert {:error, {:timeout, message}} =
+             GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow, queue_timeout: 100]}, 10_000)
+
+    assert message =~ "could not start within its queue_timeout of 100 ms"
+    assert message =~ "24 runs were executing (24 of them programs that call back"
+
+    # Queued, counted in :info, and started once a place frees.
+    queued = Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
+    assert eventually(fn -> info(node).runs_queued == 1 end)
+    {bin, _} = x
+    expected = Load.plus_one(bin)
+    for task <- [queued | waiting], do: assert({:ok, [{^expected, _}]} = Task.await(task, 30_000))
+
+    assert %{runs_running: 0, runs_queued: 0, queue_timeouts: 1} = info(node)
+
+    assert {:error, {:argument_error, text}} = GenServer.call({:xla, node.name}, {:run, exes.tiny, [x], [queue_timeout: :soon]})
+    assert text =~ "queue_timeout must be a non-negative number of milliseconds or :infinity"
+  end
+
+  test "SIGTERM ends the node while its runs wait on callbacks that never answer", %{node: node, exes: exes, peers: [_, b]} do
+    silent = Harness.peer_call(b, :erlang, :spawn, [Process, :sleep, [:infinity]])
+    x = Load.f32(1.0, 4)
+
+    for _ <- 1..30 do
+      spawn(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: silent, callback_timeout: :infinity]}, :infinity) end)
+    end
+
+    assert eventually(fn -> match?(%{runs_running: 24, runs_queued: 6}, info(node)) end)
+    assert Harness.stop_node(node, "TERM", 10_000) != :timeout
+  end
 end

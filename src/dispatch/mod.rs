@@ -192,6 +192,7 @@ impl Dispatcher {
                         target::NO_SERVER
                     )
                 })?;
+                run.note_call();
                 let dest = run.target.clone().ok_or_else(|| {
                     format!(
                         "{} (the program makes host callbacks, but the run has no target)",
@@ -229,6 +230,13 @@ impl RunCallbacks {
 
     pub fn requester(&self) -> &Pid {
         &self.state.requester
+    }
+
+    /// Calls `f` when the first of the run's custom calls that runs on the thread that opened
+    /// the run starts: XLA's CPU client only does that inside `Execute`, for a program it
+    /// executes on the calling thread.
+    pub fn on_call_on_run_thread(&self, f: impl FnOnce() + Send + 'static) {
+        self.state.set_on_run_thread(Box::new(f));
     }
 }
 

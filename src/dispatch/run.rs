@@ -20,6 +20,7 @@ use crate::node::Node;
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use crate::node::Dest;
@@ -36,7 +37,14 @@ pub(crate) struct RunState {
     pub(crate) timeout: Duration,
     node: Node,
     inner: Mutex<Inner>,
+    /// The thread that opened the run, which is the thread that executes it.
+    thread: ThreadId,
+    /// Called once, by the first custom call of the run that runs on that thread.
+    on_run_thread: Mutex<Option<OnRunThread>>,
 }
+
+/// What a run's first custom call on the run's own thread calls (see [`RunState::note_call`]).
+pub(crate) type OnRunThread = Box<dyn FnOnce() + Send>;
 
 #[derive(Default)]
 struct Inner {
@@ -56,6 +64,28 @@ impl RunState {
             timeout,
             node,
             inner: Mutex::new(Inner::default()),
+            thread: std::thread::current().id(),
+            on_run_thread: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn set_on_run_thread(&self, f: OnRunThread) {
+        *self.on_run_thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// A custom call of this run is starting: on the run's own thread, that tells the server the
+    /// program executes there (see `server::schedule::Gate`).
+    pub(crate) fn note_call(&self) {
+        if std::thread::current().id() != self.thread {
+            return;
+        }
+        let f = self
+            .on_run_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(f) = f {
+            f();
         }
     }
 

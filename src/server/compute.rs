@@ -14,7 +14,7 @@ use crate::node::term::{
 };
 use crate::node::{Dest, Node};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Buffer, Executable, Executor, HostTensor, Input, XlaError};
+use crate::xla::{Buffer, Executor, HostTensor, Input, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,7 +204,7 @@ impl Compute {
 
     fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
         self.runs.0.fetch_add(1, Ordering::Relaxed);
-        let reply = match self.execute(&program.exe, args, opts, &from.pid) {
+        let reply = match self.execute(program, args, opts, &from.pid) {
             Ok(results) => ok(list(results)),
             Err(e) => {
                 self.runs.1.fetch_add(1, Ordering::Relaxed);
@@ -262,11 +262,12 @@ impl Compute {
     /// Check, upload, execute, collect (on an executor thread).
     fn execute(
         &self,
-        exe: &Executable,
+        program: &Program,
         args: Vec<Arg>,
         opts: &RunOptions,
         requester: &Pid,
     ) -> Result<Vec<Term>, XlaError> {
+        let exe = &program.exe;
         let params = exe.parameters();
         // EXLA-compiled modules take the callback server as a u8[8] first parameter: the node
         // supplies it (as a handle into the dispatcher's table) when the caller leaves it out.
@@ -324,7 +325,19 @@ impl Compute {
                 Arg::Device(b) => Input::Device(b),
             }))
             .collect();
-        let outputs = exe.run(&inputs);
+        let outputs = if program.calls_back {
+            let run = self.scheduler.gate.run_calling_back();
+            if let Some(callbacks) = &callbacks {
+                let on_its_thread = run.clone();
+                callbacks.on_call_on_run_thread(move || on_its_thread.called_back_on_run_thread());
+            }
+            let outputs = exe.run_observed(&inputs, &mut |completed| run.launched(completed));
+            run.finished();
+            outputs
+        } else {
+            let _window = self.scheduler.gate.run_without_callbacks();
+            exe.run(&inputs)
+        };
         drop(callbacks);
         let outputs = outputs?;
         if opts.keep_on_device {

@@ -224,6 +224,21 @@ impl ApiInner {
         res
     }
 
+    /// Whether an event has completed (successfully or not); never waits. A null event counts
+    /// as complete.
+    pub(crate) fn event_is_ready(&self, event: *mut PJRT_Event) -> bool {
+        if event.is_null() {
+            return true;
+        }
+        let mut a = PJRT_Event_IsReady_Args::new();
+        a.event = event;
+        // SAFETY: `event` is a live event owned by the caller; matching args struct.
+        match unsafe { self.call(self.fns().PJRT_Event_IsReady, &mut a) } {
+            Ok(()) => a.is_ready,
+            Err(_) => true,
+        }
+    }
+
     pub(crate) fn destroy_event(&self, event: *mut PJRT_Event) {
         if event.is_null() {
             return;

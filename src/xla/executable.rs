@@ -379,6 +379,19 @@ impl Executable {
     /// result. Errors raised during the run (including by host custom-call
     /// handlers) come back as [`XlaError::Runtime`] with XLA's text.
     pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>, XlaError> {
+        self.execute_observed(args, &mut |_| {})
+    }
+
+    /// [`Executable::execute`], calling `launched` once `Execute` has returned, before the
+    /// results are awaited, with whether the program had already completed: XLA's CPU client
+    /// runs a small program on the calling thread, within `Execute`, and queues a larger one
+    /// (or one submitted while an earlier one is still queued) for its own threads, where it
+    /// runs after every computation queued before it.
+    fn execute_observed(
+        &self,
+        args: &[&Buffer],
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
         self.validate(args)?;
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
@@ -403,8 +416,9 @@ impl Executable {
         // signature (count, dtype, dims, client) and are borrowed for the
         // whole call; the output array has room for every output; all arrays
         // outlive the call.
-        unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) }
-            .map_err(XlaError::Runtime)?;
+        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
+        launched(executed.is_err() || api.event_is_ready(complete[0]));
+        executed.map_err(XlaError::Runtime)?;
         // Take ownership of the outputs first so they are freed on any error.
         let mut outputs = Vec::with_capacity(self.outputs.len());
         let mut first_err = None;
@@ -450,6 +464,16 @@ impl Executable {
     /// arguments, and waits for it. Host arrays are checked against the
     /// parameters (type, dimensions, byte size) before anything reaches XLA.
     pub fn run(&self, inputs: &[Input<'_>]) -> Result<Vec<Buffer>, XlaError> {
+        self.run_observed(inputs, &mut |_| {})
+    }
+
+    /// [`Executable::run`], with `launched` called as [`Executable::execute_observed`] says
+    /// (not at all when the arguments are refused before `Execute`).
+    pub fn run_observed(
+        &self,
+        inputs: &[Input<'_>],
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
         if inputs.len() != self.parameters.len() {
             return Err(XlaError::Argument(format!(
                 "expected {} arguments, got {}",
@@ -474,7 +498,7 @@ impl Executable {
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
             let taken = self.staging.lock().expect("staging lock").pop();
             let mut set = taken.unwrap_or_else(|| inputs.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, inputs);
+            let result = self.run_staged(&mut set, inputs, launched);
             let mut pool = self.staging.lock().expect("staging lock");
             if pool.len() < STAGING_MAX_SETS {
                 pool.push(set);
@@ -491,7 +515,7 @@ impl Executable {
                 Input::Device(_) => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.execute(&Self::argument_buffers(inputs, &uploaded))
+        self.execute_observed(&Self::argument_buffers(inputs, &uploaded), launched)
     }
 
     /// [`Executable::run`] with host arguments copied into `set`'s buffers;
@@ -501,6 +525,7 @@ impl Executable {
         &self,
         set: &mut [Option<Buffer>],
         inputs: &[Input<'_>],
+        launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
         for (slot, input) in set.iter_mut().zip(inputs) {
             if let Input::Host(t) = input {
@@ -510,7 +535,7 @@ impl Executable {
                 }
             }
         }
-        self.execute(&Self::argument_buffers(inputs, set))
+        self.execute_observed(&Self::argument_buffers(inputs, set), launched)
     }
 
     /// The buffers to execute with: device arguments as given, host arguments

@@ -277,6 +277,10 @@ pjrt_args!(PJRT_Plugin_Attributes_Args, last = num_attributes: usize, {
 
 pjrt_args!(PJRT_Event_Destroy_Args, last = event: *mut PJRT_Event, { event: *mut PJRT_Event });
 pjrt_args!(PJRT_Event_Await_Args, last = event: *mut PJRT_Event, { event: *mut PJRT_Event });
+pjrt_args!(PJRT_Event_IsReady_Args, last = is_ready: bool, {
+    event: *mut PJRT_Event,
+    is_ready: bool,
+});
 
 pjrt_args!(PJRT_Client_Create_Args, last = kv_try_get_user_arg: *mut c_void, {
     create_options: *const PJRT_NamedValue,
@@ -677,6 +681,7 @@ mod tests {
         assert_eq!(PJRT_Plugin_Attributes_Args::SIZE, 32);
         assert_eq!(PJRT_Event_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Event_Await_Args::SIZE, 24);
+        assert_eq!(PJRT_Event_IsReady_Args::SIZE, 25);
         assert_eq!(PJRT_Client_Create_Args::SIZE, 88);
         assert_eq!(PJRT_Client_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Client_PlatformName_Args::SIZE, 40);

@@ -6,8 +6,9 @@ defmodule XlaNode.Error do
   Fields:
 
     * `:kind` - an atom that says what went wrong:
-      * errors the node reports: `:argument_error`, `:compile_error`, `:runtime_error` (and any
-        other kind a node may send, e.g. `:bad_request`);
+      * errors the node reports: `:argument_error`, `:compile_error`, `:runtime_error`,
+        `:timeout` (a run that waited longer than its `:queue_timeout` for a place), and any
+        other kind a node may send, e.g. `:bad_request`;
       * errors of the call itself, when the node could not be asked or did not answer:
         `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
         `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
