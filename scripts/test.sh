@@ -13,7 +13,9 @@ if cargo clippy --version >/dev/null 2>&1; then
     cargo clippy --release --quiet --all-targets -- -D warnings
 fi
 
-cargo test --release
+# A debug build, so that the debug assertions run too (among them: no thread of the async
+# runtime ever waits on XLA).
+cargo test
 
 (cd elixir_client && MIX_ENV=test mix test </dev/null)
 

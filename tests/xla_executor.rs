@@ -899,3 +899,20 @@ fn executor_async_api() {
         assert_eq!(v, 42);
     });
 }
+
+/// The rule of `server::schedule`: nothing waits on XLA on a thread of the async runtime, whose
+/// tasks serve the network. Debug builds check it where the node waits on XLA events.
+#[cfg(debug_assertions)]
+#[test]
+#[should_panic(expected = "waiting on an XLA event on a thread of the async runtime")]
+fn waiting_on_xla_from_the_runtime_is_caught() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let _ = run(
+            "func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {\n  return %x : tensor<2xf32>\n}\n",
+            &[t(DType::F32, &[2], le(&[1.0f32, 2.0]))],
+        );
+    });
+}

@@ -467,8 +467,10 @@ impl Executable {
         self.run_observed(inputs, &mut |_| {})
     }
 
-    /// [`Executable::run`], with `launched` called as [`Executable::execute_observed`] says
-    /// (not at all when the arguments are refused before `Execute`).
+    /// [`Executable::run`], calling `launched` once `Execute` has returned, before the results
+    /// are awaited, with whether the program had already completed (it executed on the calling
+    /// thread) or XLA queued it for its own threads. Not called when the arguments are refused
+    /// before `Execute`.
     pub fn run_observed(
         &self,
         inputs: &[Input<'_>],
