@@ -1,5 +1,9 @@
 //! xla_node: a hidden Erlang node that hosts an XLA executor and calls back into the cluster.
 
+// `unsafe` is confined to the PJRT bindings and their safe wrappers: only the files of `xla`
+// that need it allow it (`#![allow(unsafe_code)]`).
+#![deny(unsafe_code)]
+
 pub mod dispatch;
 pub mod node;
 pub mod server;

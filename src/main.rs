@@ -3,6 +3,9 @@
 //! Flags follow `erl` where one exists (`--sname`, `--name`, `--cookie`, the `inet_dist_*`
 //! listen options, `net_ticktime`), so that starting it feels like starting any other node.
 
+// As in the library (see src/lib.rs): `unsafe` belongs in `xla_node::xla` only.
+#![deny(unsafe_code)]
+
 use anyhow::Context;
 use clap::Parser;
 use std::net::IpAddr;

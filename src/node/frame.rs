@@ -14,6 +14,8 @@
 //! the connection), so [`encode_owned`] picks the format from the negotiated flags.
 
 use super::control::ControlMessage;
+use super::message::{check_end, decode_message};
+pub use super::message::{FrameError, Message, MAX_MESSAGE_SIZE};
 use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
 use super::term::{decode_at, encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
 use bytes::{Buf, Bytes};
@@ -25,39 +27,11 @@ use std::collections::{HashMap, VecDeque};
 /// messages between them.
 pub const FRAGMENT_SIZE: usize = 256 * 1024;
 
-/// Largest message (after reassembly) accepted from a peer.
-pub const MAX_MESSAGE_SIZE: usize = 1 << 31;
-
 const PASS_THROUGH: u8 = 112;
 const VERSION_MAGIC: u8 = 131;
 const DIST_HEADER: u8 = b'D';
 const DIST_FRAG_HEADER: u8 = b'E';
 const DIST_FRAG_CONT: u8 = b'F';
-
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    #[error("bad term in frame: {0}")]
-    Term(#[from] TermError),
-    #[error("{0}")]
-    Control(#[from] super::control::ControlError),
-    #[error("unknown frame type {0:?}")]
-    UnknownType(Vec<u8>),
-    #[error("atom cache references in a distribution header (the atom cache was not negotiated)")]
-    AtomCache,
-    #[error("fragment {id} of sequence {seq} arrived out of order")]
-    FragmentOrder { seq: u64, id: u64 },
-    #[error("message larger than {MAX_MESSAGE_SIZE} bytes")]
-    TooLarge,
-    #[error("{0} bytes after the end of the message")]
-    Trailing(usize),
-}
-
-/// A decoded message: the control tuple and, for operations that have one, the payload term.
-#[derive(Debug)]
-pub struct Message {
-    pub control: Term,
-    pub payload: Option<Term>,
-}
 
 /// A fragmented message being received.
 struct Partial {
@@ -217,28 +191,6 @@ pub fn fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
         u64::from_be_bytes(seq.try_into().expect("8 bytes")),
         u64::from_be_bytes(id.try_into().expect("8 bytes")),
     ))
-}
-
-fn check_end(body: &[u8], end: usize) -> Result<(), FrameError> {
-    if end == body.len() {
-        Ok(())
-    } else {
-        Err(FrameError::Trailing(body.len() - end))
-    }
-}
-
-/// Control + optional payload, both without version bytes.
-pub(crate) fn decode_message(data: &[u8]) -> Result<Message, FrameError> {
-    let (control, end) = decode_at(data, 0)?;
-    let payload = if ControlMessage::has_payload(ControlMessage::op_of(&control)?) {
-        let (payload, end) = decode_at(data, end)?;
-        check_end(data, end)?;
-        Some(payload)
-    } else {
-        check_end(data, end)?;
-        None
-    };
-    Ok(Message { control, payload })
 }
 
 /// Decodes a byte stream of length-prefixed frames, as a connection's reader would after the

@@ -6,9 +6,10 @@
 //!
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
 //! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
-//! `frame` (frame formats, fragments), `control` (control messages), `signals` (what incoming
-//! control messages do to local processes), `busy_wait` (a CPU kept awake after traffic),
-//! `process`, `term`, `flags`, `cookie`, `gen` (gen_server call and reply conventions).
+//! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
+//! (control messages), `signals` (what incoming control messages do to local processes),
+//! `busy_wait` (a CPU kept awake after traffic), `process`, `term`, `flags`, `cookie`, `gen`
+//! (gen_server call and reply conventions).
 
 pub mod busy_wait;
 pub mod connection;
@@ -19,6 +20,7 @@ pub mod flags;
 pub mod frame;
 pub mod gen;
 pub mod handshake;
+pub mod message;
 pub mod outbox;
 pub mod peers;
 pub mod process;

@@ -16,7 +16,7 @@
 //! Large binaries inside a `NEW_FUN_EXT` stay in the small bytes: the fun's Size field counts
 //! them.
 
-use super::frame::{decode_message, FrameError, Message};
+use super::message::{decode_message, FrameError, Message};
 use super::term::{self, TermError, BINARY_EXT};
 use eetf::{InternalFun, Term};
 use std::io;

@@ -12,6 +12,8 @@
 //! executable refill its small CPU input buffers from run to run
 //! ([`Buffer::overwrite`]) instead of creating new ones.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

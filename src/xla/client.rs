@@ -11,6 +11,8 @@
 //! `PJRT_Client`; buffers and executables hold a clone so that the client and
 //! the plugin outlive everything created from them.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{c_char, c_void};
 use std::fmt;
 use std::mem::ManuallyDrop;

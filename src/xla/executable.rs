@@ -15,6 +15,8 @@
 //! executable keeps from run to run: creating a PJRT buffer costs more than the
 //! whole of a tiny program's execution.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_char;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};

@@ -1,8 +1,10 @@
 //! The executor: compile cache plus a worker pool that runs XLA work off the
 //! async (network) threads. No `unsafe` and no PJRT details here.
 //!
-//! Compile cache: keyed by the MD5 of (serialized compile options, program
-//! bytes) and the program length; values are shared `Arc<Executable>`s.
+//! Compile cache: keyed by the SHA-256 of (serialized compile options,
+//! program bytes) and the program length; values are shared
+//! `Arc<Executable>`s. SHA-256 rather than MD5, whose collisions can be made:
+//! two such programs would share one executable.
 //! Concurrent first compiles of the same program may both compile (the first
 //! to finish wins the cache slot); that only costs time.
 //!
@@ -22,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::client::Client;
@@ -76,7 +79,7 @@ pub struct ExecutorStats {
     pub queued: usize,
 }
 
-type CacheKey = ([u8; 16], usize);
+type CacheKey = ([u8; 32], usize);
 
 struct Inner {
     client: Client,
@@ -151,11 +154,11 @@ impl Executor {
         options: &CompileOptions,
     ) -> Result<(Arc<Executable>, bool), XlaError> {
         let opts = options.to_proto();
-        let mut ctx = md5::Context::new();
-        ctx.consume((opts.len() as u64).to_le_bytes());
-        ctx.consume(&opts);
-        ctx.consume(&program);
-        let key: CacheKey = (ctx.compute().0, program.len());
+        let mut hasher = Sha256::new();
+        hasher.update((opts.len() as u64).to_le_bytes());
+        hasher.update(&opts);
+        hasher.update(&program);
+        let key: CacheKey = (hasher.finalize().into(), program.len());
         if let Some(exe) = self.lock_cache().get(&key) {
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((exe.clone(), true));

@@ -20,6 +20,8 @@
 //! borrow checker forbids holding both at once. That keeps results that alias
 //! operands (`output_operand_aliases`: XLA passes the same pointer) sound.
 
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;

@@ -3,7 +3,8 @@
 //! This is the only part of the crate that contains `unsafe` code: the raw C
 //! bindings (`sys`) and the thin safe wrappers around them (`client`,
 //! `buffer`, `executable`, `ffi`). `executor` builds the node-facing service
-//! (compile cache, worker pool) on the safe API only.
+//! (compile cache, worker pool) on the safe API only. The compiler enforces
+//! it: the crate denies `unsafe_code` and only those five files allow it.
 
 mod buffer;
 mod client;

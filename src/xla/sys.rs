@@ -12,6 +12,7 @@
 //! Nothing here is safe to call directly; the safe wrappers live in
 //! `client.rs`, `buffer.rs`, `executable.rs` and `ffi.rs`.
 
+#![allow(unsafe_code)]
 #![allow(non_camel_case_types, non_snake_case, dead_code)]
 
 use std::ffi::{c_char, c_int, c_void};
