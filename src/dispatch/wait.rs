@@ -27,8 +27,9 @@ use super::watch::Watches;
 use super::Counters;
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
+use crate::server::schedule::ReplyPolling;
 use eetf::{Reference, Term};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,23 +60,16 @@ pub(crate) struct Waiters {
     node: Node,
     watches: Arc<Watches>,
     idle: Mutex<Vec<Process>>,
-    /// How long after sending a request a waiting thread polls for the reply before parking.
-    spin: Duration,
-    /// Threads keeping a CPU busy now (pollers and the node's busy-wait thread), and how many
-    /// may poll.
-    spinning: Arc<AtomicUsize>,
-    max_spinning: usize,
+    /// Whether, and how long, a waiting thread polls for its reply before it parks.
+    polling: ReplyPolling,
 }
 
 impl Waiters {
     pub(crate) fn new(node: Node, watches: Arc<Watches>, spin: Duration) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Waiters {
             watches,
             idle: Mutex::new(Vec::new()),
-            spin,
-            spinning: node.busy_threads().clone(),
-            max_spinning: (cpus / 2).max(1),
+            polling: ReplyPolling::new(spin, node.busy_threads().clone()),
             node,
         }
     }
@@ -150,11 +144,7 @@ impl Waiters {
         waiter.send(dest.clone(), request);
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
-        // Polling pays off only for a target that usually answers within the polling window.
-        let poll = match registration.typical_reply().get() {
-            Some(typical) if typical > self.spin => Duration::ZERO,
-            _ => self.spin,
-        };
+        let poll = self.polling.window(registration.typical_reply().get());
         let result = self.wait(&mut waiter, dest, &cref, run, timeout, poll, what);
         let waited = waiting.elapsed();
         if result.is_ok() {
@@ -182,20 +172,12 @@ impl Waiters {
     }
 
     /// Polls the waiter's mailbox until `until`, yielding the CPU between polls, if one of the
-    /// few polling places is free.
-    ///
-    /// A reply from a live process usually arrives within a few hundred microseconds. Parking
-    /// the thread instead costs a futex wake-up by the network task that delivers the reply and
-    /// the scheduler's delay before the thread runs again, about 30 us on a virtual machine
-    /// whose idle vCPUs halt. Polling is bounded in time (only targets that usually answer
-    /// within the window are polled for) and in threads (half the CPUs, the node's busy-wait
-    /// thread included while it is busy), so a crowd of waiting runs cannot take the CPUs from
-    /// the network tasks.
+    /// few polling places is free (see [`ReplyPolling`]).
     fn spin_for_signal(&self, waiter: &mut Process, until: Instant) -> Option<Signal> {
         if Instant::now() >= until {
             return None;
         }
-        let _place = Claim::new(&self.spinning, self.max_spinning)?;
+        let _place = self.polling.place()?;
         loop {
             if let Some(signal) = waiter.try_recv() {
                 return Some(signal);
@@ -295,26 +277,4 @@ fn down_text(dest: &Dest, local: &str, reason: &Term, what: &str) -> String {
         ),
     };
     format!("{body} (while waiting for the reply to {what})")
-}
-
-/// A place among a bounded number, counted in an atomic (threads polling for a reply, the node's
-/// busy-wait thread included). Claiming is one atomic add; dropping the claim gives the place
-/// back, also when the holder panics.
-struct Claim(Arc<AtomicUsize>);
-
-impl Claim {
-    /// Claims a place, or returns `None` when `max` are taken.
-    fn new(counter: &Arc<AtomicUsize>, max: usize) -> Option<Claim> {
-        if counter.fetch_add(1, Ordering::Relaxed) >= max {
-            counter.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Claim(counter.clone()))
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }

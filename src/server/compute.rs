@@ -6,14 +6,13 @@
 //! a run reads straight: tensors arrive in the request, are checked against the executable's
 //! parameters, copied to the device, executed, and the results go back in the reply.
 
+use super::request::{RequestError, RunArg, RunRequest};
 use super::resources::{Owner, Program, Resource, Resources};
 use super::schedule::Scheduler;
 use crate::node::gen::{self, From};
-use crate::node::term::{
-    as_atom, as_i64, as_list, as_tuple, atom, binary, error_kind, int, list, ok,
-};
+use crate::node::term::{atom, binary, int, list, ok};
 use crate::node::{Dest, Node};
-use crate::tensor_term::{host_tensor_term, parse_tensor};
+use crate::tensor_term::host_tensor_term;
 use crate::xla::{Buffer, Executor, HostTensor, Input, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
@@ -44,6 +43,7 @@ enum Arg {
     Device(Arc<Buffer>),
 }
 
+/// A run's options with the node's defaults filled in.
 struct RunOptions {
     keep_on_device: bool,
     callback_server: Option<Dest>,
@@ -51,39 +51,14 @@ struct RunOptions {
     queue_timeout: Option<Duration>,
 }
 
-fn argument_error(message: impl Into<String>) -> Term {
-    error_kind("argument_error", message)
-}
-
-fn xla_error(e: &XlaError) -> Term {
-    let kind = match e {
-        XlaError::Compile(_) => "compile_error",
-        XlaError::Argument(_) => "argument_error",
-        XlaError::Runtime(_) | XlaError::Plugin(_) => "runtime_error",
-    };
-    error_kind(kind, e.message())
-}
-
-/// Reads a keyword list into (key, value) pairs.
-fn keywords(opts: &Term) -> Result<Vec<(String, Term)>, String> {
-    let items =
-        as_list(opts).ok_or_else(|| format!("options must be a keyword list, got {opts}"))?;
-    items
-        .iter()
-        .map(|item| match as_tuple(item, 2) {
-            Some([k, v]) if as_atom(k).is_some() => {
-                Ok((as_atom(k).expect("checked").to_string(), v.clone()))
-            }
-            _ => Err(format!(
-                "options must be a keyword list, got element {item}"
-            )),
-        })
-        .collect()
-}
-
 impl Compute {
     fn reply(&self, from: &From, reply: Term) {
         gen::reply_from(&self.node, &self.server, from, reply);
+    }
+
+    /// Replies `{:ok, value}`, or the error.
+    fn reply_ok(&self, from: &From, result: Result<Term, RequestError>) {
+        self.reply(from, result.map_or_else(|e| e.to_reply(), ok));
     }
 
     /// Stores a new resource for `owner` and returns the reference that names it.
@@ -96,100 +71,75 @@ impl Compute {
         reference
     }
 
-    fn lookup(&self, term: &Term) -> Result<Resource, String> {
-        match term {
-            Term::Reference(r) => self
-                .resources
-                .get(r)
-                .ok_or_else(|| format!("unknown or freed reference {term}")),
-            other => Err(format!("expected a reference, got {other}")),
+    fn lookup(&self, reference: &Reference) -> Result<Resource, RequestError> {
+        self.resources.get(reference).ok_or_else(|| {
+            RequestError::Argument(format!(
+                "unknown or freed reference {}",
+                Term::from(reference.clone())
+            ))
+        })
+    }
+
+    fn lookup_buffer(&self, reference: &Reference) -> Result<Arc<Buffer>, RequestError> {
+        match self.lookup(reference)? {
+            Resource::Buffer(b) => Ok(b),
+            Resource::Executable(_) => Err(RequestError::Argument(format!(
+                "{} is an executable, not a buffer",
+                Term::from(reference.clone())
+            ))),
         }
     }
 
-    /// `{:compile, mlir}` / `{:compile, mlir, opts}`.
-    pub fn compile(&self, from: From, program: Term, opts: Option<Term>) {
-        let program = match program {
-            Term::Binary(b) => b.bytes,
-            other => {
-                return self.reply(
-                    &from,
-                    argument_error(format!(
-                        "the program must be a binary (MLIR text or bytecode), got {other}"
-                    )),
-                )
-            }
-        };
-        if let Some(opts) = opts {
-            match keywords(&opts) {
-                Ok(kw) if kw.is_empty() => {}
-                Ok(kw) => {
-                    let keys: Vec<&str> = kw.iter().map(|(k, _)| k.as_str()).collect();
-                    return self.reply(
-                        &from,
-                        argument_error(format!(
-                            "unknown compile options {keys:?} (none are supported yet)"
-                        )),
-                    );
-                }
-                Err(e) => return self.reply(&from, argument_error(e)),
-            }
-        }
+    /// `{:compile, mlir}`.
+    pub fn compile(&self, from: From, program: Vec<u8>) {
         let calls_back = Program::mentions_callbacks(&program);
         let this = self.clone();
         self.scheduler.spawn(Box::new(move || {
-            let reply = match this.executor.compile(program) {
-                Ok((exe, _cache_hit)) => {
-                    let program = Program::new(exe, calls_back);
-                    ok(Term::from(this.register(
-                        Resource::Executable(Arc::new(program)),
-                        &from.pid,
-                    )))
-                }
-                Err(e) => xla_error(&e),
-            };
-            this.reply(&from, reply);
+            let compiled = this.executor.compile(program).map(|(exe, _cache_hit)| {
+                let program = Program::new(exe, calls_back);
+                let exe = Resource::Executable(Arc::new(program));
+                Term::from(this.register(exe, &from.pid))
+            });
+            this.reply_ok(&from, compiled.map_err(RequestError::from));
         }));
     }
 
-    /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
-    pub fn run(&self, from: From, exe: Term, args: Term, opts: Option<Term>) {
+    /// `{:run, exe, args, opts}`: looks up what the request names, then hands the run to the
+    /// scheduler.
+    pub fn run(&self, from: From, request: RunRequest) {
         let prepared = (|| {
-            let Resource::Executable(program) = self.lookup(&exe)? else {
-                return Err(format!("{exe} is a buffer, not an executable"));
+            let Resource::Executable(program) = self.lookup(&request.exe)? else {
+                return Err(RequestError::Argument(format!(
+                    "{} is a buffer, not an executable",
+                    Term::from(request.exe.clone())
+                )));
             };
-            let Term::List(args) = args else {
-                return match args {
-                    Term::ByteList(_) => {
-                        Err("args must be a list of tensors or buffers, got a charlist".to_string())
-                    }
-                    other => Err(format!(
-                        "args must be a list of tensors or buffers, got {other}"
-                    )),
-                };
-            };
-            let args = args
-                .elements
+            let args = request
+                .args
                 .into_iter()
                 .enumerate()
                 .map(|(i, arg)| match arg {
-                    Term::Reference(_) => match self.lookup(&arg) {
-                        Ok(Resource::Buffer(b)) => Ok(Arg::Device(b)),
-                        Ok(Resource::Executable(_)) => Err(format!(
-                            "argument {i}: {arg} is an executable, not a buffer"
-                        )),
-                        Err(e) => Err(format!("argument {i}: {e}")),
-                    },
-                    tensor => parse_tensor(tensor)
-                        .map(Arg::Host)
-                        .map_err(|e| format!("argument {i}: {e}")),
+                    RunArg::Tensor(t) => Ok(Arg::Host(t)),
+                    RunArg::Buffer(r) => self
+                        .lookup_buffer(&r)
+                        .map(Arg::Device)
+                        .map_err(|e| RequestError::Argument(format!("argument {i}: {e}"))),
                 })
-                .collect::<Result<Vec<Arg>, String>>()?;
-            let opts = self.run_options(opts)?;
-            Ok((program, args, opts))
+                .collect::<Result<Vec<Arg>, RequestError>>()?;
+            Ok((program, args))
         })();
-        let (program, args, opts) = match prepared {
+        let (program, args) = match prepared {
             Ok(p) => p,
-            Err(e) => return self.reply(&from, argument_error(e)),
+            Err(e) => return self.reply(&from, e.to_reply()),
+        };
+        let given = request.options;
+        let opts = RunOptions {
+            keep_on_device: given.keep_on_device,
+            callback_server: given.callback_server,
+            callback_timeout: given
+                .callback_timeout
+                .unwrap_or_else(|| self.dispatcher.default_timeout()),
+            queue_timeout: given.queue_timeout.unwrap_or(self.queue_timeout),
         };
         let this = self.clone();
         let timed_out = self.clone();
@@ -198,65 +148,17 @@ impl Compute {
             program.calls_back,
             opts.queue_timeout,
             Box::new(move || this.run_and_reply(&program, args, &opts, &from)),
-            Box::new(move |text| timed_out.reply(&waiting, error_kind("timeout", text))),
+            Box::new(move |text| timed_out.reply(&waiting, RequestError::Timeout(text).to_reply())),
         );
     }
 
     fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
         self.runs.0.fetch_add(1, Ordering::Relaxed);
-        let reply = match self.execute(program, args, opts, &from.pid) {
-            Ok(results) => ok(list(results)),
-            Err(e) => {
-                self.runs.1.fetch_add(1, Ordering::Relaxed);
-                xla_error(&e)
-            }
-        };
-        self.reply(from, reply);
-    }
-
-    fn run_options(&self, opts: Option<Term>) -> Result<RunOptions, String> {
-        let mut options = RunOptions {
-            keep_on_device: false,
-            callback_server: None,
-            callback_timeout: self.dispatcher.default_timeout(),
-            queue_timeout: self.queue_timeout,
-        };
-        for (key, value) in opts.map(|o| keywords(&o)).transpose()?.unwrap_or_default() {
-            match key.as_str() {
-                "keep_on_device" => {
-                    options.keep_on_device = match as_atom(&value) {
-                        Some("true") => true,
-                        Some("false") => false,
-                        _ => return Err(format!("keep_on_device must be a boolean, got {value}")),
-                    }
-                }
-                "callback_server" => {
-                    options.callback_server = Some(Dest::from_term(&value).ok_or_else(|| {
-                        format!("callback_server must be a pid, an atom or {{atom, node}}, got {value}")
-                    })?)
-                }
-                "callback_timeout" => {
-                    options.callback_timeout = match (as_i64(&value), as_atom(&value)) {
-                        (Some(ms), _) if ms > 0 => Duration::from_millis(ms as u64),
-                        (_, Some("infinity")) => Duration::from_secs(100 * 365 * 24 * 3600),
-                        _ => return Err(format!("callback_timeout must be a positive number of milliseconds or :infinity, got {value}")),
-                    }
-                }
-                "queue_timeout" => {
-                    options.queue_timeout = match (as_i64(&value), as_atom(&value)) {
-                        (Some(ms), _) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
-                        (_, Some("infinity")) => None,
-                        _ => return Err(format!("queue_timeout must be a non-negative number of milliseconds or :infinity, got {value}")),
-                    }
-                }
-                other => {
-                    return Err(format!(
-                        "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout, queue_timeout)"
-                    ))
-                }
-            }
+        let results = self.execute(program, args, opts, &from.pid);
+        if results.is_err() {
+            self.runs.1.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(options)
+        self.reply_ok(from, results.map(list).map_err(RequestError::from));
     }
 
     /// Check, upload, execute, collect (on an executor thread).
@@ -359,65 +261,48 @@ impl Compute {
     }
 
     /// `{:to_device, tensor}`.
-    pub fn to_device(&self, from: From, tensor: Term) {
-        let tensor = match parse_tensor(tensor) {
-            Ok(t) => t,
-            Err(e) => return self.reply(&from, argument_error(e)),
-        };
+    pub fn to_device(&self, from: From, tensor: HostTensor) {
         let this = self.clone();
         self.scheduler.spawn(Box::new(move || {
-            let reply = match this.executor.client().buffer_from_host(
-                &tensor.data,
-                tensor.dtype,
-                &tensor.dims,
-            ) {
-                Ok(b) => ok(Term::from(
-                    this.register(Resource::Buffer(Arc::new(b)), &from.pid),
-                )),
-                Err(e) => xla_error(&e),
-            };
-            this.reply(&from, reply);
+            let client = this.executor.client();
+            let uploaded = client
+                .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)
+                .map(|b| Term::from(this.register(Resource::Buffer(Arc::new(b)), &from.pid)));
+            this.reply_ok(&from, uploaded.map_err(RequestError::from));
         }));
     }
 
     /// `{:read, buffer}`.
-    pub fn read(&self, from: From, buffer: Term) {
-        let buffer = match self.lookup(&buffer) {
-            Ok(Resource::Buffer(b)) => b,
-            Ok(Resource::Executable(_)) => {
-                return self.reply(
-                    &from,
-                    argument_error(format!("{buffer} is an executable, not a buffer")),
-                )
-            }
-            Err(e) => return self.reply(&from, argument_error(e)),
+    pub fn read(&self, from: From, buffer: Reference) {
+        let buffer = match self.lookup_buffer(&buffer) {
+            Ok(b) => b,
+            Err(e) => return self.reply(&from, e.to_reply()),
         };
         let this = self.clone();
         self.scheduler.spawn(Box::new(move || {
-            let reply = match buffer.to_host() {
-                Ok(data) => ok(host_tensor_term(HostTensor::new(
+            let read = buffer.to_host().map(|data| {
+                host_tensor_term(HostTensor::new(
                     buffer.dtype(),
                     buffer.dims().to_vec(),
                     data,
-                ))),
-                Err(e) => xla_error(&e),
-            };
-            this.reply(&from, reply);
+                ))
+            });
+            this.reply_ok(&from, read.map_err(RequestError::from));
         }));
     }
 
     /// `{:free, reference}`.
-    pub fn free(&self, from: From, reference: Term) {
-        let freed = match &reference {
-            Term::Reference(r) => self.resources.free(r),
-            _ => None,
-        };
-        let reply = match freed {
+    pub fn free(&self, from: From, reference: Reference) {
+        let reply = match self.resources.free(&reference) {
             Some(resource) => {
                 self.release(vec![resource]);
                 atom("ok")
             }
-            None => argument_error(format!("unknown or freed reference {reference}")),
+            None => RequestError::Argument(format!(
+                "unknown or freed reference {}",
+                Term::from(reference)
+            ))
+            .to_reply(),
         };
         self.reply(&from, reply);
     }

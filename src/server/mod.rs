@@ -7,6 +7,7 @@
 //! `schedule.rs` for where work executes and why, `watchdog.rs` for the check that it holds).
 
 mod compute;
+pub mod request;
 mod resources;
 pub mod schedule;
 mod watchdog;
@@ -18,6 +19,7 @@ use crate::node::{Node, Process, Signal};
 use crate::xla::{Client, Executor};
 use compute::Compute;
 use eetf::{Map, Term};
+use request::Request;
 use schedule::Scheduler;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -170,43 +172,25 @@ async fn xla_loop(mut process: Process, compute: Compute) {
     }
 }
 
+/// Handles one request: the quick ones here, the ones that call XLA in `compute.rs`, which
+/// reply from an executor thread.
 fn handle_call(process: &Process, compute: &Compute, from: From, request: Term) {
-    let request = match request {
-        Term::Tuple(t) => {
-            let mut e = t.elements;
-            match (e.first().and_then(as_atom), e.len()) {
-                (Some("compile"), 2 | 3) => {
-                    let opts = (e.len() == 3).then(|| e.pop().expect("3 elements"));
-                    return compute.compile(from, e.pop().expect("2 elements"), opts);
-                }
-                (Some("run"), 3 | 4) => {
-                    let opts = (e.len() == 4).then(|| e.pop().expect("4 elements"));
-                    let args = e.pop().expect("3 elements");
-                    return compute.run(from, e.pop().expect("2 elements"), args, opts);
-                }
-                (Some("to_device"), 2) => {
-                    return compute.to_device(from, e.pop().expect("2 elements"))
-                }
-                (Some("read"), 2) => return compute.read(from, e.pop().expect("2 elements")),
-                (Some("free"), 2) => return compute.free(from, e.pop().expect("2 elements")),
-                (Some("echo"), 2) => {
-                    return gen::reply(process, &from, e.pop().expect("2 elements"))
-                }
-                _ => Term::from(eetf::Tuple::from(e)),
-            }
-        }
-        other => other,
-    };
-    let reply = match &request {
-        Term::Atom(a) if a.name == "ping" => atom("pong"),
-        Term::Atom(a) if a.name == "info" => ok(info(process.node(), compute)),
-        Term::Atom(a) if a.name == "spawn_echo" => {
+    let reply = match Request::parse(request) {
+        Ok(Request::Ping) => atom("pong"),
+        Ok(Request::Echo(term)) => term,
+        Ok(Request::Info) => ok(info(process.node(), compute)),
+        Ok(Request::SpawnEcho) => {
             let worker = process.node().spawn_process();
             let pid = Term::from(worker.pid().clone());
             tokio::spawn(echo_loop(worker));
             ok(pid)
         }
-        _ => error_kind("bad_request", format!("unknown request {request}")),
+        Ok(Request::Compile { program }) => return compute.compile(from, program),
+        Ok(Request::Run(run)) => return compute.run(from, run),
+        Ok(Request::ToDevice(tensor)) => return compute.to_device(from, tensor),
+        Ok(Request::Read(buffer)) => return compute.read(from, buffer),
+        Ok(Request::Free(reference)) => return compute.free(from, reference),
+        Err(e) => e.to_reply(),
     };
     gen::reply(process, &from, reply);
 }
