@@ -13,7 +13,7 @@ use crate::node::gen::{self, From};
 use crate::node::term::{atom, binary, int, list, ok};
 use crate::node::{Dest, Node};
 use crate::tensor_term::host_tensor_term;
-use crate::xla::{Buffer, Executor, HostTensor, Input, XlaError};
+use crate::xla::{Buffer, Executable, Executor, HostTensor, Input, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +49,46 @@ struct RunOptions {
     callback_server: Option<Dest>,
     callback_timeout: Duration,
     queue_timeout: Option<Duration>,
+}
+
+/// Checks a run's arguments against the executable's parameters (count, dtype, dims, byte size),
+/// and returns whether the node supplies parameter 0: EXLA-compiled modules take the callback
+/// server as a `u8[8]` first parameter, which the node fills with a handle into the dispatcher's
+/// table when the caller leaves it out.
+fn check_arguments(exe: &Executable, args: &[Arg], opts: &RunOptions) -> Result<bool, XlaError> {
+    let params = exe.parameters();
+    let callback_param = params
+        .first()
+        .is_some_and(|p| p.dtype == crate::xla::DType::U8 && p.dims == [8]);
+    let supply_handle =
+        callback_param && (opts.callback_server.is_some() || args.len() + 1 == params.len());
+    let offset = usize::from(supply_handle);
+    if args.len() + offset != params.len() {
+        return Err(XlaError::Argument(format!(
+            "expected {} arguments{}, got {}",
+            params.len() - offset,
+            if offset == 1 {
+                " (after the callback handle the node supplies)"
+            } else {
+                ""
+            },
+            args.len()
+        )));
+    }
+    for (i, (arg, param)) in args.iter().zip(&params[offset..]).enumerate() {
+        let given = match arg {
+            Arg::Host(t) => t.spec(),
+            Arg::Device(b) => b.spec().clone(),
+        };
+        if &given != param {
+            return Err(XlaError::Argument(format!(
+                "argument {i}: expected {param} ({} bytes), got {given} ({} bytes)",
+                param.byte_size(),
+                given.byte_size()
+            )));
+        }
+    }
+    Ok(supply_handle)
 }
 
 impl Compute {
@@ -141,43 +181,53 @@ impl Compute {
                 .unwrap_or_else(|| self.dispatcher.default_timeout()),
             queue_timeout: given.queue_timeout.unwrap_or(self.queue_timeout),
         };
+        // Checked here, before the run takes a place: wrong arguments never wait in the queue.
+        let supply_handle = match check_arguments(&program.exe, &args, &opts) {
+            Ok(supply_handle) => supply_handle,
+            Err(e) => {
+                self.runs.0.fetch_add(1, Ordering::Relaxed);
+                self.runs.1.fetch_add(1, Ordering::Relaxed);
+                return self.reply(&from, RequestError::from(e).to_reply());
+            }
+        };
         let this = self.clone();
         let timed_out = self.clone();
         let waiting = from.clone();
         self.scheduler.submit_run(
             program.calls_back,
             opts.queue_timeout,
-            Box::new(move || this.run_and_reply(&program, args, &opts, &from)),
+            Box::new(move || this.run_and_reply(&program, args, supply_handle, &opts, &from)),
             Box::new(move |text| timed_out.reply(&waiting, RequestError::Timeout(text).to_reply())),
         );
     }
 
-    fn run_and_reply(&self, program: &Program, args: Vec<Arg>, opts: &RunOptions, from: &From) {
+    fn run_and_reply(
+        &self,
+        program: &Program,
+        args: Vec<Arg>,
+        supply_handle: bool,
+        opts: &RunOptions,
+        from: &From,
+    ) {
         self.runs.0.fetch_add(1, Ordering::Relaxed);
-        let results = self.execute(program, args, opts, &from.pid);
+        let results = self.execute(program, args, supply_handle, opts, &from.pid);
         if results.is_err() {
             self.runs.1.fetch_add(1, Ordering::Relaxed);
         }
         self.reply_ok(from, results.map(list).map_err(RequestError::from));
     }
 
-    /// Check, upload, execute, collect (on an executor thread).
+    /// Upload, execute, collect (on an executor thread); `supply_handle`: the node passes the
+    /// run's callback handle as parameter 0 (see [`check_arguments`]).
     fn execute(
         &self,
         program: &Program,
         args: Vec<Arg>,
+        supply_handle: bool,
         opts: &RunOptions,
         requester: &Pid,
     ) -> Result<Vec<Term>, XlaError> {
         let exe = &program.exe;
-        let params = exe.parameters();
-        // EXLA-compiled modules take the callback server as a u8[8] first parameter: the node
-        // supplies it (as a handle into the dispatcher's table) when the caller leaves it out.
-        let callback_param = params
-            .first()
-            .is_some_and(|p| p.dtype == crate::xla::DType::U8 && p.dims == [8]);
-        let supply_handle =
-            callback_param && (opts.callback_server.is_some() || args.len() + 1 == params.len());
         let callbacks = supply_handle.then(|| {
             self.dispatcher.open_run(
                 opts.callback_server.clone(),
@@ -185,33 +235,6 @@ impl Compute {
                 opts.callback_timeout,
             )
         });
-        let offset = usize::from(supply_handle);
-        if args.len() + offset != params.len() {
-            return Err(XlaError::Argument(format!(
-                "expected {} arguments{}, got {}",
-                params.len() - offset,
-                if offset == 1 {
-                    " (after the callback handle the node supplies)"
-                } else {
-                    ""
-                },
-                args.len()
-            )));
-        }
-        for (i, (arg, param)) in args.iter().zip(&params[offset..]).enumerate() {
-            let given = match arg {
-                Arg::Host(t) => t.spec(),
-                Arg::Device(b) => b.spec().clone(),
-            };
-            if &given != param {
-                return Err(XlaError::Argument(format!(
-                    "argument {i}: expected {param} ({} bytes), got {given} ({} bytes)",
-                    param.byte_size(),
-                    given.byte_size()
-                )));
-            }
-        }
-
         let handle = callbacks.as_ref().map(|callbacks| {
             HostTensor::new(
                 crate::xla::DType::U8,
