@@ -152,14 +152,29 @@ if parts in ["all", "callbacks"] do
   # millisecond. Between two callbacks the callback server's node idles for as long as a run
   # lasts; back to back, the two nodes never idle and their schedulers keep spinning.
   idle_rt = Bench.median(for _ <- 1..2000, do: (Process.sleep(1); Bench.time(round_trip)))
+  # With XLA_NODE_CALLBACK_TRACE=1 in the node's environment, :info has the median time from a
+  # custom call's start to each step of its callback (docs/performance.md names the steps).
+  trace =
+    case GenServer.call({:xla, xla}, :info) do
+      {:ok, %{callbacks: %{trace: t}}} ->
+        steps = [:built, :written, :reply_read, :delivered, :woken, :returned]
+        ["  steps inside the node (XLA_NODE_CALLBACK_TRACE=1; median us from the custom call's start, over #{t.samples} callbacks):"] ++
+          Enum.map(steps, fn step -> "    #{step}: #{Float.round(t[step], 1)}" end)
+
+      _ ->
+        []
+    end
+
   Bench.report("one callback to a process on another BEAM node (10,000 each, interleaved)", [
     "run with callback:    median #{Bench.us(Bench.median(s.with))}",
     "run without callback: median #{Bench.us(Bench.median(s.without))}",
     "extra latency of one callback: #{Bench.us(extra)}",
-    "  of which the node waited for the reply (request written to reply in hand; mean, from :info): #{Bench.us((wait1 - wait0) / max(replies1 - replies0, 1))}",
+    "  of which the node waited for the reply (request written to reply in hand; mean, from :info): #{Bench.us((wait1 - wait0) / max(replies1 - replies0, 1))}"
+  ] ++ trace ++ [
     "BEAM-to-BEAM message round trip: #{Bench.us(rt)}",
     "ratio callback/round trip: #{Float.round(extra / rt, 3)}  (target <= 1.5)",
-    "for context, the same round trip after both nodes idled 1 ms: #{Bench.us(idle_rt)} (ratio #{Float.round(extra / idle_rt, 3)})"
+    "the same round trip after both nodes idled 1 ms: #{Bench.us(idle_rt)} (ratio #{Float.round(extra / idle_rt, 3)})",
+    "ratio callback/the faster of the two round trips: #{Float.round(extra / min(rt, idle_rt), 3)}  (target <= 1.5)"
   ])
 
   n = 16 * 1024 * 1024

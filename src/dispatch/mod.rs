@@ -123,11 +123,15 @@ impl Dispatcher {
         for (target, handler) in targets {
             // Weak: XLA's registry keeps handlers forever; it must not keep the node alive.
             let weak: Weak<Dispatcher> = Arc::downgrade(&dispatcher);
-            let host: HostHandler =
-                Arc::new(move |frame: &mut CallFrame<'_>| match weak.upgrade() {
+            let host: HostHandler = Arc::new(move |frame: &mut CallFrame<'_>| {
+                crate::node::probe::entered();
+                let result = match weak.upgrade() {
                     Some(d) => handler(&d, frame),
                     None => Err(format!("{target}: the callback dispatcher was shut down")),
-                });
+                };
+                crate::node::probe::returned();
+                result
+            });
             register_host_handler(client, target, host)?;
         }
         Ok(dispatcher)

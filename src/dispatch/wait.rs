@@ -25,6 +25,7 @@ use super::inspect;
 use super::run::{RunState, ABANDON};
 use super::watch::Watches;
 use super::Counters;
+use crate::node::probe::{self, Step};
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
 use crate::server::schedule::ReplyPolling;
@@ -139,13 +140,18 @@ impl Waiters {
             Term::from(cref.clone()),
         ]);
         let request = build(tag);
+        probe::mark(Step::Built);
+        probe::waiting_in(waiter.pid());
         // The request's write counts as waiting: it is the network's time, not the program's.
         let waiting = Instant::now();
         waiter.send(dest.clone(), request);
+        probe::mark(Step::Written);
         counters.sent.fetch_add(1, Ordering::Relaxed);
 
         let poll = self.polling.window(registration.typical_reply().get());
         let result = self.wait(&mut waiter, dest, &cref, run, timeout, poll, what);
+        probe::mark(Step::Woken);
+        probe::stopped_waiting(waiter.pid());
         let waited = waiting.elapsed();
         if result.is_ok() {
             registration.typical_reply().record(waited);

@@ -76,7 +76,10 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
     let mut body: Vec<u8> = Vec::new();
     loop {
         let message = match read_frame(&mut reader, &mut decoder, &mut body, peer, ticktime).await {
-            Ok(Some(message)) => message,
+            Ok(Some(message)) => {
+                super::probe::frame_read();
+                message
+            }
             Ok(None) => continue,
             Err(reason) => return reason,
         };

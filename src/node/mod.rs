@@ -8,8 +8,8 @@
 //! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
 //! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
 //! (control messages), `signals` (what incoming control messages do to local processes),
-//! `busy_wait` (a CPU kept awake after traffic), `process`, `term`, `flags`, `cookie`, `gen`
-//! (gen_server call and reply conventions).
+//! `busy_wait` (a CPU kept awake after traffic), `probe` (a callback's steps, timed on request),
+//! `process`, `term`, `flags`, `cookie`, `gen` (gen_server call and reply conventions).
 
 pub mod busy_wait;
 pub mod connection;
@@ -23,6 +23,7 @@ pub mod handshake;
 pub mod message;
 pub mod outbox;
 pub mod peers;
+pub mod probe;
 pub mod process;
 pub mod reassembly;
 pub mod signals;
@@ -390,6 +391,8 @@ impl Node {
             return; // a pid from an earlier run of this node name
         }
         if let Some(entry) = self.state().processes.get(&local_key(pid)) {
+            // Before the send: once the message is in, its receiver may stop waiting for it.
+            probe::delivered(pid);
             let _ = entry.mailbox.send(signal);
         }
     }

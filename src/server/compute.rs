@@ -10,6 +10,7 @@ use super::request::{RequestError, RunArg, RunRequest};
 use super::resources::{Owner, Program, Resource, Resources};
 use super::schedule::Scheduler;
 use crate::node::gen::{self, From};
+use crate::node::probe;
 use crate::node::term::{atom, binary, int, list, ok};
 use crate::node::{Dest, Node};
 use crate::tensor_term::host_tensor_term;
@@ -388,7 +389,7 @@ impl Compute {
     /// The dispatcher's counters, for `:info`.
     fn callback_info(&self) -> Term {
         let s = self.dispatcher.stats();
-        super::map(vec![
+        let mut entries = vec![
             ("sent", int(s.callbacks as i64)),
             ("replies", int(s.replies as i64)),
             ("errors", int(s.errors as i64)),
@@ -397,6 +398,19 @@ impl Compute {
             ("pending", int(s.pending as i64)),
             ("outfeeds", int(s.outfeeds as i64)),
             ("open_runs", int(s.open_runs as i64)),
-        ])
+        ];
+        // With XLA_NODE_CALLBACK_TRACE=1: the median microseconds from a custom call's start to
+        // each step of its callback (see `node::probe`).
+        if let Some((samples, medians)) = probe::medians() {
+            let mut trace = vec![("samples", int(samples as i64))];
+            trace.extend(
+                probe::MEASURED
+                    .iter()
+                    .zip(medians)
+                    .map(|((_, name), us)| (*name, Term::from(eetf::Float { value: us }))),
+            );
+            entries.push(("trace", super::map(trace)));
+        }
+        super::map(entries)
     }
 }
