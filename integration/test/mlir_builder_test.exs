@@ -1,0 +1,359 @@
+defmodule XlaNode.MLIRBuilderTest do
+  @moduledoc """
+  Programs built with `XlaNode.MLIR`, compiled and run on a real node through the client, their
+  results checked against values computed here in plain Elixir.
+  """
+  use ExUnit.Case, async: true
+
+  import Bitwise
+
+  alias XlaNode.{Harness, Tensor}
+  alias XlaNode.MLIR, as: M
+
+  setup_all do
+    Harness.start_shared_node()
+  end
+
+  # Builds `main(arg_types)` from `body`, runs it on `args` (lists or tensors), returns the
+  # results as flat lists.
+  defp run(node, arg_types, body, args, opts \\ []) do
+    text = M.module(fn -> M.function("main", arg_types, body) end)
+    exe = XlaNode.compile!(node.name, text)
+
+    # A callback handle parameter (the first) is supplied by the node, not passed.
+    args =
+      Enum.zip_with(Enum.take(arg_types, -length(args)), args, fn {type, dims}, arg ->
+        if is_list(arg), do: Tensor.from_list(arg, type, dims), else: arg
+      end)
+
+    node.name |> XlaNode.run!(exe, args, opts) |> Enum.map(&Tensor.to_flat_list/1)
+  end
+
+  defp close?(a, b) when is_number(a) and is_number(b), do: Kernel.abs(a - b) <= 1.0e-4 * max(1.0, Kernel.abs(b))
+  defp close?(a, b), do: a == b
+
+  defp assert_close(got, expected) do
+    assert length(got) == length(expected) and Enum.all?(Enum.zip(got, expected), fn {g, e} -> close?(g, e) end),
+           "got #{inspect(got)}, expected #{inspect(expected)}"
+  end
+
+  @f32 {:f, 32}
+
+  test "elementwise float ops match Erlang's :math", %{node: node} do
+    xs = [0.1, 0.5, 0.9]
+
+    for {op, f} <- [
+          exponential: &:math.exp/1,
+          log: &:math.log/1,
+          sqrt: &:math.sqrt/1,
+          sine: &:math.sin/1,
+          cosine: &:math.cos/1,
+          tan: &:math.tan/1,
+          tanh: &:math.tanh/1,
+          logistic: &(1 / (1 + :math.exp(-&1))),
+          erf: &:math.erf/1,
+          asin: &:math.asin/1,
+          atanh: &:math.atanh/1,
+          log_plus_one: &:math.log(1 + &1),
+          rsqrt: &(1 / :math.sqrt(&1))
+        ] do
+      [got] = run(node, [{@f32, [3]}], fn [x] -> apply(M, op, [x]) end, [xs])
+      assert_close(got, Enum.map(xs, f))
+    end
+  end
+
+  test "binary ops on every dtype family", %{node: node} do
+    for {type, a, b} <- [
+          {{:s, 32}, [7, -3, 12], [2, 5, -4]},
+          {{:u, 8}, [7, 3, 200], [2, 5, 40]},
+          {{:s, 64}, [1 <<< 40, -5, 9], [3, 2, 1]},
+          {{:f, 64}, [1.5, -2.25, 8.0], [0.5, 4.0, -2.0]},
+          {{:bf, 16}, [1.5, -2.0, 8.0], [0.5, 4.0, -2.0]},
+          {{:f, 16}, [1.5, -2.0, 8.0], [0.5, 4.0, -2.0]}
+        ] do
+      [sum, prod, mx] =
+        run(node, [{type, [3]}, {type, [3]}], fn [x, y] -> [M.add(x, y), M.multiply(x, y), M.maximum(x, y)] end, [a, b])
+
+      wrap = fn v -> if type == {:u, 8}, do: rem(v, 256), else: v end
+      assert_close(sum, Enum.zip_with(a, b, &wrap.(&1 + &2)))
+      assert_close(prod, Enum.zip_with(a, b, &wrap.(&1 * &2)))
+      assert_close(mx, Enum.zip_with(a, b, &max/2))
+    end
+
+    [and_, shifted] =
+      run(node, [{{:u, 32}, [2]}, {{:u, 32}, [2]}], fn [x, y] -> [M.bitwise_and(x, y), M.shift_left(x, y)] end, [[12, 5], [10, 3]])
+
+    assert and_ == [8, 1]
+    assert shifted == [12 <<< 10, 5 <<< 3]
+  end
+
+  test "compare in every direction, select and clamp", %{node: node} do
+    a = [1.0, 2.0, 3.0]
+    b = [2.0, 2.0, 2.0]
+
+    for {dir, f} <- [eq: &==/2, ne: &!=/2, lt: &</2, le: &<=/2, gt: &>/2, ge: &>=/2] do
+      [got] = run(node, [{@f32, [3]}, {@f32, [3]}], fn [x, y] -> M.compare(dir, x, y) end, [a, b])
+      assert got == Enum.zip_with(a, b, &if(f.(&1, &2), do: 1, else: 0))
+    end
+
+    [sel, clamped] =
+      run(node, [{@f32, [3]}, {@f32, [3]}], fn [x, y] ->
+        lo = M.constant(1.5, {@f32, []})
+        hi = M.constant(2.5, {@f32, []})
+        [M.select(M.compare(:lt, x, y), x, y), M.clamp(lo, x, hi)]
+      end, [a, b])
+
+    assert sel == [1.0, 2.0, 2.0]
+    assert clamped == [1.5, 2.0, 2.5]
+
+    [signed] = run(node, [{{:s, 32}, [2]}, {{:s, 32}, [2]}], fn [x, y] -> M.compare(:lt, x, y) end, [[-1, 3], [1, 2]])
+    assert signed == [1, 0]
+  end
+
+  test "constants of every dtype, splat and dense, with NaN and infinities", %{node: node} do
+    for {type, values} <- [
+          {{:f, 32}, [1.5, :nan, :infinity, :neg_infinity]},
+          {{:f, 64}, [1.0e300, :nan, -0.0, 3.25]},
+          {{:bf, 16}, [1.0, :infinity, -2.0, 0.5]},
+          {{:f, 16}, [65504.0, :neg_infinity, 0.25, -1.0]},
+          {{:s, 8}, [-128, 127, 0, 5]},
+          {{:u, 64}, [0, 1 <<< 63, 7, 8]},
+          {{:pred, 8}, [1, 0, 0, 1]},
+          {{:c, 64}, [{1.0, 2.0}, {-1.0, 0.5}, {0.0, 0.0}, {3.0, -3.0}]}
+        ] do
+      [dense, splat] = run(node, [], fn [] -> [M.constant(values, {type, [4]}), M.constant(hd(values), {type, [3]})] end, [])
+      assert dense == Tensor.to_flat_list(Tensor.from_list(values, type, [4]))
+      assert splat == List.duplicate(hd(dense), 3)
+    end
+  end
+
+  test "iota, convert, bitcast_convert", %{node: node} do
+    [iota, converted, bits] =
+      run(node, [], fn [] ->
+        i = M.iota({{:s, 32}, [2, 3]}, 1)
+        f = M.convert(i, {:f, 32})
+        [i, f, M.bitcast_convert(M.constant(1.0, {@f32, [1]}), {:u, 32})]
+      end, [])
+
+    assert iota == [0, 1, 2, 0, 1, 2]
+    assert converted == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    assert bits == [0x3F800000]
+
+    [halves] = run(node, [], fn [] -> M.bitcast_convert(M.constant(1.0, {@f32, [1]}), {:u, 16}) end, [])
+    assert halves == [0x0000, 0x3F80]
+  end
+
+  test "shape ops", %{node: node} do
+    x = Enum.to_list(1..6) |> Enum.map(&(&1 * 1.0))
+
+    [bcast, reshaped, transposed, reversed, sliced, concat, padded] =
+      run(node, [{@f32, [2, 3]}], fn [x] ->
+        row = M.slice(x, [0, 0], [1, 3])
+        [
+          M.broadcast_in_dim(M.reshape(row, [3]), [2, 3], [1]),
+          M.reshape(x, [3, 2]),
+          M.transpose(x, [1, 0]),
+          M.reverse(x, [1]),
+          M.slice(x, [0, 0], [2, 3], [1, 2]),
+          M.concatenate([x, x], 0),
+          M.pad(M.reshape(row, [3]), M.constant(0.0, {@f32, []}), [1], [2], [1])
+        ]
+      end, [x])
+
+    assert bcast == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+    assert reshaped == x
+    assert transposed == [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+    assert reversed == [3.0, 2.0, 1.0, 6.0, 5.0, 4.0]
+    assert sliced == [1.0, 3.0, 4.0, 6.0]
+    assert concat == x ++ x
+    assert padded == [0.0, 1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 0.0]
+
+    [dyn, updated] =
+      run(node, [{@f32, [2, 3]}, {{:s, 32}, []}], fn [x, i] ->
+        zero = M.constant(0, {{:s, 32}, []})
+        [M.dynamic_slice(x, [zero, i], [2, 2]), M.dynamic_update_slice(x, M.constant(0.0, {@f32, [1, 2]}), [i, zero])]
+      end, [x, [1]])
+
+    assert dyn == [2.0, 3.0, 5.0, 6.0]
+    assert updated == [1.0, 2.0, 3.0, 0.0, 0.0, 6.0]
+  end
+
+  test "dot_general with batch and contracting dimensions", %{node: node} do
+    a = Enum.map(1..12, &(&1 * 1.0))
+    b = Enum.map(1..12, &(&1 * 0.5))
+
+    [got] =
+      run(node, [{@f32, [2, 2, 3]}, {@f32, [2, 3, 2]}], fn [x, y] ->
+        M.dot_general(x, y, batch: {[0], [0]}, contracting: {[2], [1]}, precision: :highest)
+      end, [a, b])
+
+    at = fn list, dims, idx -> Enum.at(list, Enum.reduce(Enum.zip(idx, dims), 0, fn {i, d}, acc -> acc * d + i end)) end
+
+    expected =
+      for n <- 0..1, i <- 0..1, j <- 0..1 do
+        Enum.sum(for k <- 0..2, do: at.(a, [2, 2, 3], [n, i, k]) * at.(b, [2, 3, 2], [n, k, j]))
+      end
+
+    assert_close(got, expected)
+  end
+
+  test "reduce with two operands (argmax) and sort with two operands", %{node: node} do
+    values = [3.0, 9.0, 1.0, 9.0, 2.0]
+
+    [max, arg] =
+      run(node, [{@f32, [5]}], fn [x] ->
+        idx = M.iota({{:s, 32}, [5]}, 0)
+        init = [M.constant(:neg_infinity, {@f32, []}), M.constant(0, {{:s, 32}, []})]
+
+        M.reduce([x, idx], init, [0], fn [acc_v, acc_i, v, i] ->
+          take = M.compare(:gt, v, acc_v)
+          [M.select(take, v, acc_v), M.select(take, i, acc_i)]
+        end)
+      end, [values])
+
+    assert {max, arg} == {[9.0], [1]}
+
+    [sorted, perm] =
+      run(node, [{@f32, [5]}], fn [x] ->
+        M.sort([x, M.iota({{:s, 32}, [5]}, 0)], 0, fn [a, b, _, _] -> M.compare(:gt, a, b) end, stable: true)
+      end, [values])
+
+    assert sorted == [9.0, 9.0, 3.0, 2.0, 1.0]
+    assert perm == [1, 3, 0, 4, 2]
+  end
+
+  test "while, if, case and func.call", %{node: node} do
+    [sum] =
+      run(node, [{{:s, 32}, []}], fn [n] ->
+        add_one = fn v -> M.add(v, M.constant(1, {{:s, 32}, []})) end
+
+        [_, total] =
+          M.while_loop([M.constant(0, {{:s, 32}, []}), M.constant(0, {{:s, 32}, []})], fn [i, _] -> M.compare(:lt, i, n) end, fn [i, acc] ->
+            [add_one.(i), M.add(acc, i)]
+          end)
+
+        total
+      end, [[10]])
+
+    assert sum == [Enum.sum(0..9)]
+
+    [chosen, cased] =
+      run(node, [{@f32, []}, {{:s, 32}, []}], fn [x, k] ->
+        [a] = M.if_then_else(M.compare(:gt, x, M.constant(0.0, {@f32, []})), fn -> M.negate(x) end, fn -> x end)
+        [b] = M.case_of(k, [fn -> M.constant(10.0, {@f32, []}) end, fn -> M.constant(20.0, {@f32, []}) end])
+        [a, b]
+      end, [[2.5], [1]])
+
+    assert {chosen, cased} == {[-2.5], [20.0]}
+
+    text =
+      M.module(fn ->
+        double = M.function("double", [{@f32, [2]}], fn [x] -> M.add(x, x) end)
+        M.function("main", [{@f32, [2]}], fn [x] -> M.call(double, [M.call(double, [x])]) end)
+      end)
+
+    exe = XlaNode.compile!(node.name, text)
+    [y] = XlaNode.run!(node.name, exe, [Tensor.from_list([1.0, 2.5], @f32)])
+    assert Tensor.to_list(y) == [4.0, 10.0]
+  end
+
+  test "complex parts, fft round trip, top_k, rng_bit_generator, optimization_barrier", %{node: node} do
+    [re, im, mag] =
+      run(node, [{@f32, [2]}, {@f32, [2]}], fn [a, b] ->
+        c = M.complex(a, b)
+        [M.real(c), M.imag(c), M.abs(c)]
+      end, [[3.0, 1.0], [4.0, 0.0]])
+
+    assert {re, im, mag} == {[3.0, 1.0], [4.0, 0.0], [5.0, 1.0]}
+
+    signal = [1.0, 2.0, 3.0, 4.0]
+
+    [spectrum, back] =
+      run(node, [{@f32, [4]}], fn [x] ->
+        s = M.fft(x, :rfft, [4])
+        [s, M.fft(s, :irfft, [4])]
+      end, [signal])
+
+    assert length(spectrum) == 3
+    assert_close(hd(spectrum) |> elem(0) |> List.wrap(), [10.0])
+    assert_close(back, signal)
+
+    [top, idx] = run(node, [{@f32, [5]}], fn [x] -> M.top_k(x, 2) end, [[3.0, 9.0, 1.0, 7.0, 2.0]])
+    assert {top, idx} == {[9.0, 7.0], [1, 3]}
+
+    [state, bits, same] =
+      run(node, [{{:u, 64}, [2]}], fn [s] ->
+        [s2, b] = M.rng_bit_generator(s, {{:u, 32}, [4]})
+        [x] = M.optimization_barrier([s])
+        [s2, b, x]
+      end, [[1, 2]])
+
+    assert length(state) == 2 and length(bits) == 4 and same == [1, 2]
+  end
+
+  test "a program with two callbacks and an io_call in a while loop", %{node: node} do
+    parent = self()
+
+    {:ok, server} =
+      XlaNode.CallbackServer.start_link(%{
+        :double => fn [t] -> {:ok, [Tensor.from_list(Enum.map(Tensor.to_list(t), &(&1 * 2)), @f32)]} end,
+        :add_index => fn [t, i] -> {:ok, [Tensor.from_list(Enum.map(Tensor.to_list(t), &(&1 + Tensor.to_number(i))), @f32)]} end,
+        {:seen, :loop} => fn [i] ->
+          send(parent, {:seen, Tensor.to_number(i)})
+          {:ok, []}
+        end
+      })
+
+    [result] =
+      run(node, [{{:u, 8}, [8]}, {@f32, [2]}], fn [cb, x] ->
+        zero = M.constant(0, {{:s, 32}, []})
+
+        [_, out] =
+          M.while_loop([zero, x], fn [i, _] -> M.compare(:lt, i, M.constant(3, {{:s, 32}, []})) end, fn [i, v] ->
+            [i] = M.io_call(cb, {:seen, :loop}, [i])
+            [d] = M.runtime_call(cb, :double, [v], [{@f32, [2]}])
+            [a] = M.runtime_call(cb, :add_index, [d, i], [{@f32, [2]}])
+            [M.add(i, M.constant(1, {{:s, 32}, []})), a]
+          end)
+
+        out
+      end, [[1.0, 2.0]], callback_server: server)
+
+    # v -> 2v + i for i = 0, 1, 2
+    expected = Enum.reduce(0..2, [1.0, 2.0], fn i, v -> Enum.map(v, &(&1 * 2 + i)) end)
+    assert result == expected
+    for i <- 0..2, do: assert_receive({:seen, ^i})
+  end
+
+  test "type errors raise in Elixir, naming the op and the types" do
+    assert_raise ArgumentError, ~r/stablehlo.add: got tensor<4xf32>, tensor<4xi32>; expected operands of one type/, fn ->
+      M.module(fn ->
+        M.function("main", [{@f32, [4]}, {{:s, 32}, [4]}], fn [x, y] -> M.add(x, y) end)
+      end)
+    end
+
+    assert_raise ArgumentError, ~r/stablehlo.dot_general: got tensor<2x3xf32>, tensor<2x3xf32>/, fn ->
+      M.module(fn -> M.function("main", [{@f32, [2, 3]}, {@f32, [2, 3]}], fn [x, y] -> M.dot_general(x, y) end) end)
+    end
+
+    assert_raise ArgumentError, ~r/stablehlo.reduce: the region returned tensor<i32>; expected tensor<f32>/, fn ->
+      M.module(fn ->
+        M.function("main", [{@f32, [4]}], fn [x] ->
+          M.reduce(x, M.constant(0.0, {@f32, []}), [0], fn [_, _] -> M.constant(0, {{:s, 32}, []}) end)
+        end)
+      end)
+    end
+
+    assert_raise ArgumentError, ~r/sine: got tensor<4xi32>; expected float or complex tensors/, fn ->
+      M.module(fn -> M.function("main", [{{:s, 32}, [4]}], fn [x] -> M.sine(x) end) end)
+    end
+  end
+
+  test "the same program gives the same text" do
+    build = fn ->
+      M.module(fn -> M.function("main", [{@f32, [3]}], fn [x] -> M.tanh(M.multiply(x, M.constant(2.0, {@f32, [3]}))) end) end)
+    end
+
+    assert build.() == build.()
+  end
+end
