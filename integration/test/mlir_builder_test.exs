@@ -356,4 +356,236 @@ defmodule XlaNode.MLIRBuilderTest do
 
     assert build.() == build.()
   end
+
+  test "gather and scatter with an update region", %{node: node} do
+    x = Enum.map(1..12, &(&1 * 1.0))
+
+    # Rows 2 and 0 of a 4x3 matrix.
+    [rows] =
+      run(node, [{@f32, [4, 3]}, {{:s, 32}, [2, 1]}], fn [x, idx] ->
+        M.gather(x, idx, [1, 3], offset_dims: [1], collapsed_slice_dims: [0], start_index_map: [0], index_vector_dim: 1)
+      end, [x, [2, 0]])
+
+    assert rows == Enum.slice(x, 6, 3) ++ Enum.slice(x, 0, 3)
+
+    # Adds rows of updates into rows 1 and 3 (row 1 twice).
+    [scattered] =
+      run(node, [{@f32, [4, 3]}, {{:s, 32}, [3, 1]}, {@f32, [3, 3]}], fn [x, idx, upd] ->
+        M.scatter(x, idx, upd, fn [a, b] -> M.add(a, b) end,
+          update_window_dims: [1],
+          inserted_window_dims: [0],
+          scatter_dims_to_operand_dims: [0],
+          index_vector_dim: 1
+        )
+      end, [x, [1, 3, 1], List.duplicate(1.0, 9)])
+
+    added = %{1 => 2.0, 3 => 1.0}
+    expected = x |> Enum.chunk_every(3) |> Enum.with_index() |> Enum.flat_map(fn {row, i} -> Enum.map(row, &(&1 + Map.get(added, i, 0.0))) end)
+    assert scattered == expected
+  end
+
+  test "reduce_window with two operands, select_and_scatter", %{node: node} do
+    x = [1.0, 5.0, 2.0, 8.0, 3.0, 4.0]
+
+    [sums, maxes] =
+      run(node, [{@f32, [6]}], fn [x] ->
+        M.reduce_window([x, x], [M.constant(0.0, {@f32, []}), M.constant(:neg_infinity, {@f32, []})], [3], fn [s, m, a, b] ->
+          [M.add(s, a), M.maximum(m, b)]
+        end, strides: [2], padding: [{1, 0}])
+      end, [x])
+
+    windows = Enum.chunk_every([0.0 | x], 3, 2, :discard)
+    assert sums == Enum.map(windows, &Enum.sum/1)
+    assert maxes == Enum.map(Enum.chunk_every([:neg | x], 3, 2, :discard), fn w -> w |> Enum.reject(&(&1 == :neg)) |> Enum.max() end)
+
+    # Max-pool gradient: each window's source value goes to the window's maximum.
+    [grad] =
+      run(node, [{@f32, [6]}, {@f32, [3]}], fn [x, src] ->
+        M.select_and_scatter(x, src, M.constant(0.0, {@f32, []}), [2], &M.compare(:ge, hd(&1), List.last(&1)), fn [a, b] -> M.add(a, b) end, strides: [2])
+      end, [x, [10.0, 20.0, 30.0]])
+
+    assert grad == [0.0, 10.0, 0.0, 20.0, 0.0, 30.0]
+  end
+
+  # A plain 2-D convolution over NCHW input and OIHW kernel, with strides, padding and groups.
+  defp conv_nchw(input, [n, c, h, w], kernel, [o, ci, kh, kw], strides: [sh, sw], padding: [{ph, _}, {pw, _}], out: [oh, ow], groups: g) do
+    at = fn list, dims, idx -> Enum.at(list, Enum.reduce(Enum.zip(idx, dims), 0, fn {i, d}, acc -> acc * d + i end)) end
+    per_group = div(o, g)
+
+    for b <- 0..(n - 1), f <- 0..(o - 1), y <- 0..(oh - 1), x <- 0..(ow - 1) do
+      group = div(f, per_group)
+
+      Enum.sum(
+        for k <- 0..(ci - 1), dy <- 0..(kh - 1), dx <- 0..(kw - 1) do
+          {iy, ix} = {y * sh + dy - ph, x * sw + dx - pw}
+          if iy < 0 or iy >= h or ix < 0 or ix >= w, do: 0.0, else: at.(input, [n, c, h, w], [b, group * ci + k, iy, ix]) * at.(kernel, [o, ci, kh, kw], [f, k, dy, dx])
+        end
+      )
+    end
+  end
+
+  test "convolution: strides, padding, feature groups, NHWC layout", %{node: node} do
+    input = Enum.map(1..(1 * 4 * 5 * 5), &(rem(&1 * 7, 11) * 0.5))
+    kernel = Enum.map(1..(4 * 2 * 3 * 3), &(rem(&1 * 5, 7) - 3.0))
+
+    [got] =
+      run(node, [{@f32, [1, 4, 5, 5]}, {@f32, [4, 2, 3, 3]}], fn [x, k] ->
+        M.convolution(x, k, strides: [2, 1], padding: [{1, 1}, {1, 0}], feature_group_count: 2, precision: :highest)
+      end, [input, kernel])
+
+    assert_close(got, conv_nchw(input, [1, 4, 5, 5], kernel, [4, 2, 3, 3], strides: [2, 1], padding: [{1, 1}, {1, 0}], out: [3, 4], groups: 2))
+
+    # The same without groups, with the input as NHWC and the kernel as HWIO.
+    kernel1 = Enum.map(1..(2 * 4 * 3 * 3), &(rem(&1 * 5, 7) - 3.0))
+    nhwc = for h <- 0..4, w <- 0..4, c <- 0..3, do: Enum.at(input, c * 25 + h * 5 + w)
+    hwio = for h <- 0..2, w <- 0..2, i <- 0..3, o <- 0..1, do: Enum.at(kernel1, o * 36 + i * 9 + h * 3 + w)
+
+    [out] =
+      run(node, [{@f32, [1, 5, 5, 4]}, {@f32, [3, 3, 4, 2]}], fn [x, k] ->
+        M.convolution(x, k, input: {0, 3, [1, 2]}, kernel: {2, 3, [0, 1]}, output: {0, 1, [2, 3]}, padding: [{1, 1}, {1, 1}], precision: :highest)
+      end, [nhwc, hwio])
+
+    assert_close(out, conv_nchw(input, [1, 4, 5, 5], kernel1, [2, 4, 3, 3], strides: [1, 1], padding: [{1, 1}, {1, 1}], out: [5, 5], groups: 1))
+  end
+
+  test "chlo special functions at known values", %{node: node} do
+    for {op, xs, expected} <- [
+          lgamma: {[1.0, 2.0, 3.0, 0.5], [0.0, 0.0, :math.log(2.0), :math.log(:math.sqrt(:math.pi()))]},
+          digamma: {[1.0, 2.0], [-0.5772156649, 1 - 0.5772156649]},
+          erf_inv: {[0.0, 0.5], [0.0, 0.4769362762]},
+          erfc: {[0.0, 1.0], [1.0, 1 - :math.erf(1.0)]},
+          cosh: {[0.0, 1.0], [1.0, :math.cosh(1.0)]}
+        ] |> Enum.map(fn {op, {xs, e}} -> {op, xs, e} end) do
+      [got] = run(node, [{@f32, [length(xs)]}], fn [x] -> apply(M, op, [x]) end, [xs])
+      assert_close(got, expected)
+    end
+
+    [inf, finite] = run(node, [{@f32, [3]}], fn [x] -> [M.is_inf(x), M.is_finite(x)] end, [[1.0, :infinity, :nan]])
+    assert {inf, finite} == {[0, 1, 0], [1, 0, 0]}
+  end
+
+  test "outfeed and infeed through a callback server", %{node: node} do
+    parent = self()
+    {:ok, server} = XlaNode.CallbackServer.start_link(%{}, outfeed: fn args -> send(parent, {:outfeed, args}) end)
+    :ok = XlaNode.CallbackServer.push_infeed(server, [Tensor.from_list([5.0, 6.0], @f32)])
+
+    [flag, got] =
+      run(node, [{{:u, 8}, [8]}, {@f32, [2]}], fn [cb, x] ->
+        sent = M.outfeed(cb, [x])
+        [y] = M.infeed(cb, [{@f32, [2]}])
+        [sent, M.add(x, y)]
+      end, [[1.0, 2.0]], callback_server: server)
+
+    assert {flag, got} == {[1], [6.0, 8.0]}
+    assert_receive {:outfeed, [{bin, {{:f, 32}, [2]}}]}
+    assert Tensor.to_list({bin, {@f32, [2]}}) == [1.0, 2.0]
+  end
+
+  test "held programs rebuilt with the builder give the same outputs", %{node: node} do
+    held = File.read!(Path.expand("../../tests/fixtures/long_loop.mlir", __DIR__))
+
+    rebuilt =
+      M.module(fn ->
+        M.function("main", [{{:s, 64}, []}, {@f32, [16]}], fn [n, x] ->
+          [_, _, acc] =
+            M.while_loop([M.constant(0, {{:s, 64}, []}), n, x], fn [i, lim, _] -> M.compare(:lt, i, lim) end, fn [i, lim, acc] ->
+              [M.add(i, M.constant(1, {{:s, 64}, []})), lim, M.add(M.sine(acc), acc)]
+            end)
+
+          acc
+        end)
+      end)
+
+    args = [Tensor.scalar(50, {:s, 64}), Tensor.from_list(Enum.map(1..16, &(&1 / 16)), @f32)]
+    outputs = for text <- [held, rebuilt], do: XlaNode.run!(node.name, XlaNode.compile!(node.name, text), args)
+    assert [same, same] = outputs
+  end
+
+  test "the other elementwise ops, on every dtype family they take", %{node: node} do
+    floats = [0.25, 1.5, -2.5]
+
+    for {op, f} <- [
+          exponential_minus_one: &(:math.exp(&1) - 1),
+          cbrt: &(if &1 < 0, do: -:math.pow(-&1, 1 / 3), else: :math.pow(&1, 1 / 3)),
+          floor: &Float.floor/1,
+          ceil: &Float.ceil/1,
+          round_nearest_afz: &Float.round/1,
+          round_nearest_even: &(if &1 == -2.5, do: -2.0, else: Float.round(&1)),
+          sign: &(if &1 < 0, do: -1.0, else: 1.0),
+          abs: &Kernel.abs/1,
+          negate: &(-&1),
+          atan: &:math.atan/1,
+          sinh: &:math.sinh/1,
+          asinh: &:math.asinh/1
+        ],
+        type <- [{:f, 32}, {:f, 64}] do
+      [got] = run(node, [{type, [3]}], fn [x] -> apply(M, op, [x]) end, [floats])
+      assert_close(got, Enum.map(floats, f))
+    end
+
+    for type <- [{:f, 16}, {:bf, 16}] do
+      [neg, exp] = run(node, [{type, [2]}], fn [x] -> [M.negate(x), M.exponential(x)] end, [[0.5, 2.0]])
+      assert neg == [-0.5, -2.0]
+      assert Enum.all?(Enum.zip_with(exp, [:math.exp(0.5), :math.exp(2.0)], &(Kernel.abs(&1 - &2) < 0.05)))
+    end
+
+    [acos, acosh] = run(node, [{@f32, [2]}], fn [x] -> [M.acos(M.multiply(x, M.constant(0.5, {@f32, [2]}))), M.acosh(M.add(x, M.constant(1.0, {@f32, [2]})))] end, [[0.5, 1.0]])
+    assert_close(acos, [:math.acos(0.25), :math.acos(0.5)])
+    assert_close(acosh, [:math.acosh(1.5), :math.acosh(2.0)])
+
+    ints = [-7, 12, 5]
+
+    [neg, abs, sign, not_, pop, clz] =
+      run(node, [{{:s, 32}, [3]}], fn [x] ->
+        [M.negate(x), M.abs(x), M.sign(x), M.bitwise_not(x), M.population_count(x), M.count_leading_zeros(x)]
+      end, [ints])
+
+    popcount = fn v -> for(<<b::1 <- <<v::signed-32>> >>, do: b) |> Enum.sum() end
+    clz_of = fn v -> Enum.find_index(for(<<b::1 <- <<v::signed-32>> >>, do: b), &(&1 == 1)) || 32 end
+    assert neg == [7, -12, -5]
+    assert abs == [7, 12, 5]
+    assert sign == [-1, 1, 1]
+    assert not_ == Enum.map(ints, &(-&1 - 1))
+    assert pop == Enum.map(ints, popcount)
+    assert clz == Enum.map(ints, clz_of)
+
+    a = [7, -12, 9]
+    b = [2, 5, -4]
+
+    [sub, div, rem, min, or_, xor, sra, srl] =
+      run(node, [{{:s, 32}, [3]}, {{:s, 32}, [3]}], fn [x, y] ->
+        two = M.constant(2, {{:s, 32}, [3]})
+
+        [
+          M.subtract(x, y),
+          M.divide(x, y),
+          M.remainder(x, y),
+          M.minimum(x, y),
+          M.bitwise_or(x, y),
+          M.bitwise_xor(x, y),
+          M.shift_right_arithmetic(x, two),
+          M.shift_right_logical(x, two)
+        ]
+      end, [a, b])
+
+    assert sub == Enum.zip_with(a, b, &-/2)
+    assert div == Enum.zip_with(a, b, &Kernel.div/2)
+    assert rem == Enum.zip_with(a, b, &Kernel.rem/2)
+    assert min == Enum.zip_with(a, b, &min/2)
+    assert or_ == Enum.zip_with(a, b, &bor/2)
+    assert xor == Enum.zip_with(a, b, &bxor/2)
+    assert sra == Enum.map(a, &(&1 >>> 2))
+    assert srl == Enum.map(a, &(Bitwise.band(&1, 0xFFFFFFFF) >>> 2))
+
+    [pow, atan2, pos, neg_inf] =
+      run(node, [{@f32, [3]}, {@f32, [3]}], fn [x, y] -> [M.power(x, y), M.atan2(x, y), M.is_pos_inf(x), M.is_neg_inf(x)] end, [[2.0, 9.0, :infinity], [3.0, 0.5, 1.0]])
+
+    assert_close(Enum.take(pow, 2), [8.0, 3.0])
+    assert_close(atan2, [:math.atan2(2.0, 3.0), :math.atan2(9.0, 0.5), :math.pi() / 2])
+    assert {pos, neg_inf} == {[0, 0, 1], [0, 0, 0]}
+
+    [c_exp] = run(node, [{{:c, 64}, [1]}], fn [z] -> M.exponential(z) end, [[{0.0, :math.pi()}]])
+    [{re, im}] = c_exp
+    assert_close([re, im], [-1.0, 0.0])
+  end
 end

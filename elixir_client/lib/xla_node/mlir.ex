@@ -29,15 +29,17 @@ defmodule XlaNode.MLIR do
 
   ## Regions
 
-  Ops with regions (`reduce/4`, `sort/4`, `while_loop/3`, `if_then_else/4`, `case_of/3`) take
-  Elixir functions that receive the region's arguments as values and return its results.
+  Ops with regions (`reduce/4`, `reduce_window/5`, `scatter/5`, `select_and_scatter/7`,
+  `sort/4`, `while_loop/3`, `if_then_else/3`, `case_of/2`) take Elixir functions that receive
+  the region's arguments as values and return its results.
 
   ## Callbacks
 
-  `runtime_call/5` emits EXLA's `exla_runtime_callback` custom call: the function's first
+  `runtime_call/4` emits EXLA's `exla_runtime_callback` custom call: the function's first
   parameter must be the `{{:u, 8}, [8]}` callback handle, which the node supplies when the run
   has a `callback_server:` (see `XlaNode.run/4`), and the callback id may be any term.
-  `io_call/4` is the side-effect form; `custom_call/4` calls any registered FFI target.
+  `io_call/3` is the side-effect form; `outfeed/2` and `infeed/2` stream values to and from a
+  process; `custom_call/4` calls any registered FFI target (a native kernel).
   """
 
   import Kernel, except: [abs: 1, floor: 1, ceil: 1]
@@ -1045,6 +1047,379 @@ defmodule XlaNode.MLIR do
     )
   end
 
+  ## Gather, scatter, windows, convolution
+
+  @doc """
+  `stablehlo.gather`: slices of `operand` of `slice_sizes`, starting where `indices` say.
+  Options (StableHLO's dimension numbers): `offset_dims`, `collapsed_slice_dims`,
+  `start_index_map`, `index_vector_dim` (default: the last dimension of `indices`),
+  `operand_batching_dims`, `start_indices_batching_dims` (default `[]`), `indices_are_sorted`.
+  """
+  def gather(operand, indices, slice_sizes, opts) do
+    [operand, indices] = Enum.map([operand, indices], &value!("stablehlo.gather", &1))
+    {elem, dims} = operand.type
+    {ielem, idims} = indices.type
+    offset_dims = Keyword.fetch!(opts, :offset_dims)
+    collapsed = Keyword.get(opts, :collapsed_slice_dims, [])
+    start_index_map = Keyword.fetch!(opts, :start_index_map)
+    index_vector_dim = Keyword.get(opts, :index_vector_dim, length(idims) - 1)
+    operand_batching = Keyword.get(opts, :operand_batching_dims, [])
+    indices_batching = Keyword.get(opts, :start_indices_batching_dims, [])
+
+    batch_dims =
+      idims
+      |> Enum.with_index()
+      |> Enum.reject(fn {_, i} -> i == index_vector_dim end)
+      |> Enum.map(&elem(&1, 0))
+
+    offsets =
+      for {s, i} <- Enum.with_index(slice_sizes),
+          i not in collapsed and i not in operand_batching,
+          do: s
+
+    ok =
+      category(ielem) in [:signed, :unsigned] and length(slice_sizes) == length(dims) and
+        Enum.all?(Enum.zip(slice_sizes, dims), fn {s, d} -> s <= d end) and
+        length(offsets) == length(offset_dims) and
+        Enum.all?(collapsed ++ operand_batching, &(Enum.at(slice_sizes, &1) in [0, 1]))
+
+    unless ok do
+      mismatch!(
+        "stablehlo.gather",
+        [operand, indices],
+        "integer indices and slice_sizes #{inspect(slice_sizes)} that fit the operand, one per offset dimension once collapsed"
+      )
+    end
+
+    rank = length(batch_dims) + length(offsets)
+
+    {out, _, _} =
+      Enum.reduce(0..(rank - 1)//1, {[], batch_dims, offsets}, fn i, {acc, batch, offs} ->
+        if i in offset_dims,
+          do: {[hd(offs) | acc], batch, tl(offs)},
+          else: {[hd(batch) | acc], tl(batch), offs}
+      end)
+
+    numbers =
+      ["offset_dims = #{i64_list(offset_dims)}", "collapsed_slice_dims = #{i64_list(collapsed)}"] ++
+        if(operand_batching == [],
+          do: [],
+          else: [
+            "operand_batching_dims = #{i64_list(operand_batching)}",
+            "start_indices_batching_dims = #{i64_list(indices_batching)}"
+          ]
+        ) ++
+        [
+          "start_index_map = #{i64_list(start_index_map)}",
+          "index_vector_dim = #{index_vector_dim}"
+        ]
+
+    emit1("stablehlo.gather", [operand, indices], {elem, Enum.reverse(out)}, [
+      "dimension_numbers = #stablehlo.gather<#{Enum.join(numbers, ", ")}>",
+      "slice_sizes = #{i64_array(slice_sizes)}",
+      "indices_are_sorted = #{Keyword.get(opts, :indices_are_sorted, false)}"
+    ])
+  end
+
+  @doc """
+  `stablehlo.scatter`: writes `updates` into `inputs` where `indices` say, combining each
+  element with `fun` (`[current_1, ..., current_n, update_1, ..., update_n]` -> `n` scalars).
+  Options (StableHLO's dimension numbers): `update_window_dims`, `inserted_window_dims`,
+  `scatter_dims_to_operand_dims`, `index_vector_dim` (default: the last dimension of
+  `indices`), `input_batching_dims`, `scatter_indices_batching_dims`, `indices_are_sorted`,
+  `unique_indices`. Returns one value per input (a single value for one input).
+  """
+  def scatter(inputs, indices, updates, fun, opts) do
+    inputs = Enum.map(List.wrap(inputs), &value!("stablehlo.scatter", &1))
+    updates = Enum.map(List.wrap(updates), &value!("stablehlo.scatter", &1))
+    indices = value!("stablehlo.scatter", indices)
+    {ielem, idims} = indices.type
+    scalars = Enum.map(inputs, fn %{type: {e, _}} -> {e, []} end)
+
+    unless category(ielem) in [:signed, :unsigned] and length(inputs) == length(updates) and
+             Enum.map(updates, fn %{type: {e, _}} -> {e, []} end) == scalars do
+      mismatch!(
+        "stablehlo.scatter",
+        inputs ++ [indices | updates],
+        "integer indices and one update per input, of its element type"
+      )
+    end
+
+    {body, results} = region("stablehlo.scatter", scalars ++ scalars, fun)
+
+    if results != scalars,
+      do:
+        raise(
+          ArgumentError,
+          "stablehlo.scatter: the region returned #{types_text(results)}; expected #{types_text(scalars)}"
+        )
+
+    batching = Keyword.get(opts, :input_batching_dims, [])
+
+    numbers =
+      [
+        "update_window_dims = #{i64_list(Keyword.fetch!(opts, :update_window_dims))}",
+        "inserted_window_dims = #{i64_list(Keyword.get(opts, :inserted_window_dims, []))}"
+      ] ++
+        if(batching == [],
+          do: [],
+          else: [
+            "input_batching_dims = #{i64_list(batching)}",
+            "scatter_indices_batching_dims = #{i64_list(Keyword.get(opts, :scatter_indices_batching_dims, []))}"
+          ]
+        ) ++
+        [
+          "scatter_dims_to_operand_dims = #{i64_list(Keyword.fetch!(opts, :scatter_dims_to_operand_dims))}",
+          "index_vector_dim = #{Keyword.get(opts, :index_vector_dim, length(idims) - 1)}"
+        ]
+
+    results =
+      emit(
+        "stablehlo.scatter",
+        inputs ++ [indices | updates],
+        Enum.map(inputs, & &1.type),
+        [
+          "scatter_dimension_numbers = #stablehlo.scatter<#{Enum.join(numbers, ", ")}>",
+          "indices_are_sorted = #{Keyword.get(opts, :indices_are_sorted, false)}",
+          "unique_indices = #{Keyword.get(opts, :unique_indices, false)}"
+        ],
+        [body]
+      )
+
+    if length(results) == 1, do: hd(results), else: results
+  end
+
+  @doc """
+  `stablehlo.reduce_window`: reduces each window of `operands` (one shape) with `fun`, as
+  `reduce/4` does. Options: `strides`, `base_dilations`, `window_dilations` (default all 1),
+  `padding: [{low, high}, ...]` (default none). Returns one value per operand (a single value
+  for one operand).
+  """
+  def reduce_window(operands, inits, window, fun, opts \\ []) do
+    operands = Enum.map(List.wrap(operands), &value!("stablehlo.reduce_window", &1))
+    inits = Enum.map(List.wrap(inits), &value!("stablehlo.reduce_window", &1))
+    [{_, dims} | _] = Enum.map(operands, & &1.type)
+    scalars = Enum.map(operands, fn %{type: {e, _}} -> {e, []} end)
+
+    unless length(inits) == length(operands) and
+             Enum.all?(operands, fn %{type: {_, d}} -> d == dims end) and
+             Enum.map(inits, & &1.type) == scalars and length(window) == length(dims) do
+      mismatch!(
+        "stablehlo.reduce_window",
+        operands ++ inits,
+        "operands of one shape, a scalar init of each one's element type and a window of rank #{length(dims)}"
+      )
+    end
+
+    w = window_options(dims, window, opts)
+    {body, results} = region("stablehlo.reduce_window", scalars ++ scalars, fun)
+
+    if results != scalars,
+      do:
+        raise(
+          ArgumentError,
+          "stablehlo.reduce_window: the region returned #{types_text(results)}; expected #{types_text(scalars)}"
+        )
+
+    out = windowed_dims(dims, window, w)
+
+    results =
+      emit(
+        "stablehlo.reduce_window",
+        operands ++ inits,
+        Enum.map(scalars, fn {e, []} -> {e, out} end),
+        [
+          "window_dimensions = #{i64_array(window)}",
+          "window_strides = #{i64_array(w.strides)}",
+          "base_dilations = #{i64_array(w.base)}",
+          "window_dilations = #{i64_array(w.dilations)}",
+          "padding = #{padding_attr(w.padding)}"
+        ],
+        [body]
+      )
+
+    if length(results) == 1, do: hd(results), else: results
+  end
+
+  @doc """
+  `stablehlo.select_and_scatter`: for each window of `operand`, `select` (two scalars -> pred)
+  picks an element, and the matching element of `source` is combined into it with `scatter`
+  (two scalars -> scalar), starting from `init`. Options: `strides`, `padding` as in
+  `reduce_window/5`.
+  """
+  def select_and_scatter(operand, source, init, window, select, scatter, opts \\ []) do
+    [operand, source, init] =
+      Enum.map([operand, source, init], &value!("stablehlo.select_and_scatter", &1))
+
+    {elem, dims} = operand.type
+    w = window_options(dims, window, opts)
+    out = windowed_dims(dims, window, w)
+
+    unless source.type == {elem, out} and init.type == {elem, []} do
+      mismatch!(
+        "stablehlo.select_and_scatter",
+        [operand, source, init],
+        "a source of the windows' shape #{type_text({elem, out})} and a scalar init"
+      )
+    end
+
+    {select_region, sel} =
+      region("stablehlo.select_and_scatter", [{elem, []}, {elem, []}], select)
+
+    if sel != [{{:pred, 8}, []}],
+      do:
+        raise(
+          ArgumentError,
+          "stablehlo.select_and_scatter: select returned #{types_text(sel)}; expected tensor<i1>"
+        )
+
+    {scatter_region, sc} =
+      region("stablehlo.select_and_scatter", [{elem, []}, {elem, []}], scatter)
+
+    if sc != [{elem, []}],
+      do:
+        raise(
+          ArgumentError,
+          "stablehlo.select_and_scatter: scatter returned #{types_text(sc)}; expected #{type_text({elem, []})}"
+        )
+
+    emit1_regions(
+      "stablehlo.select_and_scatter",
+      [operand, source, init],
+      operand.type,
+      [
+        "window_dimensions = #{i64_array(window)}",
+        "window_strides = #{i64_array(w.strides)}",
+        "padding = #{padding_attr(w.padding)}"
+      ],
+      [select_region, scatter_region]
+    )
+  end
+
+  defp emit1_regions(op, operands, type, attrs, regions),
+    do: hd(emit(op, operands, [type], attrs, regions))
+
+  defp window_options(dims, _window, opts) do
+    ones = Enum.map(dims, fn _ -> 1 end)
+
+    %{
+      strides: Keyword.get(opts, :strides, ones),
+      base: Keyword.get(opts, :base_dilations, ones),
+      dilations: Keyword.get(opts, :window_dilations, ones),
+      padding: Keyword.get(opts, :padding, Enum.map(dims, fn _ -> {0, 0} end))
+    }
+  end
+
+  defp windowed_dims(dims, window, w) do
+    Enum.zip_with([dims, window, w.strides, w.base, w.dilations, w.padding], fn [
+                                                                                  d,
+                                                                                  k,
+                                                                                  s,
+                                                                                  b,
+                                                                                  dil,
+                                                                                  {lo, hi}
+                                                                                ] ->
+      padded = if(d == 0, do: 0, else: (d - 1) * b + 1) + lo + hi
+      effective = (k - 1) * dil + 1
+      if padded < effective, do: 0, else: div(padded - effective, s) + 1
+    end)
+  end
+
+  defp padding_attr(padding) do
+    rows = Enum.map_join(padding, ", ", fn {lo, hi} -> "[#{lo}, #{hi}]" end)
+    "dense<[#{rows}]> : tensor<#{length(padding)}x2xi64>"
+  end
+
+  @doc """
+  `stablehlo.convolution`. Options:
+
+    * `:input` - `{batch_dim, feature_dim, spatial_dims}` of `lhs` (default `{0, 1, [2, ...]}`)
+    * `:kernel` - `{input_feature_dim, output_feature_dim, spatial_dims}` of `rhs`
+      (default `{1, 0, [2, ...]}`)
+    * `:output` - `{batch_dim, feature_dim, spatial_dims}` of the result (default as `:input`)
+    * `:strides`, `:lhs_dilation`, `:rhs_dilation` (default all 1), `:padding` (`[{low, high}]`)
+    * `:feature_group_count`, `:batch_group_count` (default 1), `:precision`
+  """
+  def convolution(lhs, rhs, opts \\ []) do
+    [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.convolution", &1))
+    {elem, ldims} = lhs.type
+    {relem, rdims} = rhs.type
+    n = length(ldims) - 2
+    spatial = Enum.to_list(2..(n + 1)//1)
+    {ib, if_, is} = Keyword.get(opts, :input, {0, 1, spatial})
+    {ki, ko, ks} = Keyword.get(opts, :kernel, {1, 0, spatial})
+    {ob, of, os} = Keyword.get(opts, :output, {ib, if_, is})
+    ones = List.duplicate(1, n)
+    strides = Keyword.get(opts, :strides, ones)
+    lhs_dil = Keyword.get(opts, :lhs_dilation, ones)
+    rhs_dil = Keyword.get(opts, :rhs_dilation, ones)
+    padding = Keyword.get(opts, :padding, List.duplicate({0, 0}, n))
+    fgc = Keyword.get(opts, :feature_group_count, 1)
+    bgc = Keyword.get(opts, :batch_group_count, 1)
+    at = fn dims, i -> Enum.at(dims, i) end
+
+    ok =
+      elem == relem and length(rdims) == length(ldims) and length(is) == n and length(ks) == n and
+        length(os) == n and
+        at.(ldims, if_) == at.(rdims, ki) * fgc and rem(at.(rdims, ko), fgc * bgc) == 0 and
+        rem(at.(ldims, ib), bgc) == 0
+
+    unless ok do
+      mismatch!(
+        "stablehlo.convolution",
+        [lhs, rhs],
+        "one element type, input features = kernel input features x feature_group_count (#{fgc}), and groups that divide the batch and output features"
+      )
+    end
+
+    sizes =
+      windowed_dims(Enum.map(is, &at.(ldims, &1)), Enum.map(ks, &at.(rdims, &1)), %{
+        strides: strides,
+        base: lhs_dil,
+        dilations: rhs_dil,
+        padding: padding
+      })
+
+    out =
+      Enum.map(0..(n + 1), fn p ->
+        cond do
+          p == ob -> div(at.(ldims, ib), bgc)
+          p == of -> at.(rdims, ko)
+          true -> Enum.at(sizes, Enum.find_index(os, &(&1 == p)))
+        end
+      end)
+
+    layout = fn rank, named ->
+      "[" <>
+        Enum.map_join(0..(rank - 1), ", ", fn p ->
+          Enum.find_value(named, fn {label, dims} ->
+            if is_list(dims),
+              do: (i = Enum.find_index(dims, &(&1 == p))) && "#{i}",
+              else: dims == p && label
+          end)
+        end) <> "]"
+    end
+
+    numbers =
+      layout.(n + 2, [{"b", ib}, {"f", if_}, {"s", is}]) <>
+        "x" <>
+        layout.(n + 2, [{"i", ki}, {"o", ko}, {"s", ks}]) <>
+        "->" <> layout.(n + 2, [{"b", ob}, {"f", of}, {"s", os}])
+
+    precision = opts |> Keyword.get(:precision, :default) |> Atom.to_string() |> String.upcase()
+
+    emit1("stablehlo.convolution", [lhs, rhs], {elem, out}, [
+      "dimension_numbers = #stablehlo.conv<#{numbers}>",
+      "window_strides = #{i64_array(strides)}",
+      "padding = #{padding_attr(padding)}",
+      "lhs_dilation = #{i64_array(lhs_dil)}",
+      "rhs_dilation = #{i64_array(rhs_dil)}",
+      "feature_group_count = #{fgc} : i64",
+      "batch_group_count = #{bgc} : i64",
+      "precision_config = [#stablehlo<precision #{precision}>, #stablehlo<precision #{precision}>]"
+    ])
+  end
+
   ## Other ops
 
   @doc "`stablehlo.optimization_barrier`: the values unchanged (a list)."
@@ -1193,6 +1568,48 @@ defmodule XlaNode.MLIR do
       has_side_effect: true,
       output_operand_aliases: for(i <- 0..(length(args) - 1)//1, do: {i, i + 1})
     )
+  end
+
+  @doc """
+  A stream target as a program constant: `:erlang.term_to_binary(target)` as a `u8` tensor, for
+  `outfeed/2` and `infeed/2` in programs that name their stream process themselves (a pid or
+  `{name, node}`). Programs may instead pass the callback handle parameter, which names the
+  run's `callback_server:`.
+  """
+  def stream_target(target) do
+    bin = :erlang.term_to_binary(target)
+    constant(:binary.bin_to_list(bin), {{:u, 8}, [byte_size(bin)]})
+  end
+
+  @doc """
+  Sends `{:exla_outfeed, args}` to the stream target (see `stream_target/1`) without waiting;
+  returns a `u8` scalar: 1 sent, 0 failed.
+  """
+  def outfeed(target, payloads) do
+    target = check_target!("outfeed", target)
+
+    [flag] =
+      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}], has_side_effect: true)
+
+    flag
+  end
+
+  @doc """
+  Asks the stream target for its next value (see `XlaNode.CallbackServer.push_infeed/2`) and
+  waits for it; returns values of `result_types` (a list).
+  """
+  def infeed(target, result_types) do
+    target = check_target!("infeed", target)
+    custom_call("exla_beam_infeed", [target], result_types, has_side_effect: true)
+  end
+
+  defp check_target!(op, target) do
+    target = value!(op, target)
+
+    case target.type do
+      {{:u, 8}, [_]} -> target
+      _ -> mismatch!(op, [target], "a u8 vector: the callback handle or a stream_target/1")
+    end
   end
 
   defp check_handle!(handle) do
