@@ -278,6 +278,12 @@ defmodule XlaNode.MLIRBuilderTest do
     assert_close(hd(spectrum) |> elem(0) |> List.wrap(), [10.0])
     assert_close(back, signal)
 
+    [round_trip] = run(node, [{{:c, 64}, [4]}], fn [z] -> M.fft(M.fft(z, :fft, [4]), :ifft, [4]) end, [[{1.0, 0.0}, {2.0, 1.0}, {0.0, -1.0}, {3.0, 0.5}]])
+    assert_close(Enum.flat_map(round_trip, &Tuple.to_list/1), [1.0, 0.0, 2.0, 1.0, 0.0, -1.0, 3.0, 0.5])
+
+    [total] = run(node, [{@f32, [2]}, {@f32, [2]}], fn [x, y] -> M.compare(:lt, x, y, :totalorder) end, [[-0.0, :nan], [0.0, 1.0]])
+    assert total == [1, 0]
+
     [top, idx] = run(node, [{@f32, [5]}], fn [x] -> M.top_k(x, 2) end, [[3.0, 9.0, 1.0, 7.0, 2.0]])
     assert {top, idx} == {[9.0, 7.0], [1, 3]}
 

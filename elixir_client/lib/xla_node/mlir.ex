@@ -27,6 +27,30 @@ defmodule XlaNode.MLIR do
   Inside a function body, ops emit operations into the function; the body returns a value, or a
   list of values for several results.
 
+  ## Ops
+
+    * elementwise, unary: `abs/1`, `negate/1`, `sign/1`, `exponential/1`,
+      `exponential_minus_one/1`, `log/1`, `log_plus_one/1`, `logistic/1`, `sqrt/1`, `rsqrt/1`,
+      `cbrt/1`, `sine/1`, `cosine/1`, `tan/1`, `tanh/1`, `floor/1`, `ceil/1`,
+      `round_nearest_even/1`, `round_nearest_afz/1`, `bitwise_not/1`, `population_count/1`,
+      `count_leading_zeros/1`, `is_finite/1`, `real/1`, `imag/1`, and from CHLO `erf/1`,
+      `erfc/1`, `erf_inv/1`, `lgamma/1`, `digamma/1`, `asin/1`, `acos/1`, `atan/1`, `sinh/1`,
+      `cosh/1`, `asinh/1`, `acosh/1`, `atanh/1`, `is_inf/1`, `is_pos_inf/1`, `is_neg_inf/1`
+    * elementwise, binary: `add/2`, `subtract/2`, `multiply/2`, `divide/2`, `remainder/2`,
+      `power/2`, `maximum/2`, `minimum/2`, `atan2/2`, `complex/2`, `bitwise_and/2`,
+      `bitwise_or/2`, `bitwise_xor/2`, `shift_left/2`, `shift_right_arithmetic/2`,
+      `shift_right_logical/2`; `compare/4`, `select/3`, `clamp/3`
+    * types and values: `constant/2`, `iota/2`, `convert/2`, `bitcast_convert/2`
+    * shapes: `broadcast_in_dim/3`, `reshape/2`, `transpose/2`, `reverse/2`, `slice/4`,
+      `dynamic_slice/3`, `dynamic_update_slice/3`, `concatenate/2`, `pad/5`, `gather/4`,
+      `scatter/5`
+    * contractions and windows: `dot_general/3`, `convolution/3`, `reduce/4`,
+      `reduce_window/5`, `select_and_scatter/7`, `sort/4`, `top_k/2`, `fft/3`
+    * control flow: `while_loop/3`, `if_then_else/3`, `case_of/2`, `call/2`
+    * others: `optimization_barrier/1`, `rng_bit_generator/3`
+    * calls out of the program: `runtime_call/4`, `io_call/3`, `outfeed/2`, `infeed/2`,
+      `stream_target/1`, `custom_call/4`
+
   ## Regions
 
   Ops with regions (`reduce/4`, `reduce_window/5`, `scatter/5`, `select_and_scatter/7`,
