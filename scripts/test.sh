@@ -19,7 +19,16 @@ cargo test
 
 (cd elixir_client && MIX_ENV=test mix test </dev/null)
 
+# The Nx compiler (elixir_nx/) needs Nx 0.13, hence Elixir >= 1.17 and Nx itself, which this
+# script does not install: its tests run where NX_PATH points at a local Nx checkout (with
+# COMPLEX_PATH and TELEMETRY_PATH for its dependencies, and a new enough `elixir` on PATH).
 epmd -daemon
+if [ -n "${NX_PATH:-}" ]; then
+    (cd elixir_nx && MIX_ENV=test mix test </dev/null)
+else
+    echo "elixir_nx: tests skipped: Nx is not present (set NX_PATH to a local Nx checkout, with COMPLEX_PATH, TELEMETRY_PATH and Elixir >= 1.17, to run them)"
+fi
+
 cd integration
 export MIX_ENV=test XLA_NODE_BIN="$PWD/../target/release/xla_node"
 elixir --sname "xla_itest_$$" --cookie xla_test -S mix test </dev/null

@@ -78,6 +78,11 @@ defmodule XlaNode.MLIRTest do
     end
   end
 
+  test "an empty dimension list is an empty array attribute" do
+    text = main([{@f32, []}], fn [x] -> M.broadcast_in_dim(x, [2], []) end)
+    assert text =~ "broadcast_dimensions = array<i64>}"
+  end
+
   test "values cannot cross functions" do
     assert_raise ArgumentError, ~r/belongs to another function/, fn ->
       M.module(fn ->

@@ -40,7 +40,8 @@ defmodule XlaNode.MLIR do
       `power/2`, `maximum/2`, `minimum/2`, `atan2/2`, `complex/2`, `bitwise_and/2`,
       `bitwise_or/2`, `bitwise_xor/2`, `shift_left/2`, `shift_right_arithmetic/2`,
       `shift_right_logical/2`; `compare/4`, `select/3`, `clamp/3`
-    * types and values: `constant/2`, `iota/2`, `convert/2`, `bitcast_convert/2`
+    * types and values: `constant/2`, `constant_binary/2`, `iota/2`, `convert/2`,
+      `bitcast_convert/2`
     * shapes: `broadcast_in_dim/3`, `reshape/2`, `transpose/2`, `reverse/2`, `slice/4`,
       `dynamic_slice/3`, `dynamic_update_slice/3`, `concatenate/2`, `pad/5`, `gather/4`,
       `scatter/5`
@@ -332,6 +333,7 @@ defmodule XlaNode.MLIR do
     {text, Enum.map(results, & &1.type)}
   end
 
+  defp i64_array([]), do: "array<i64>"
   defp i64_array(list), do: "array<i64: #{Enum.join(list, ", ")}>"
   defp i64_list(list), do: "[#{Enum.join(list, ", ")}]"
 
@@ -381,6 +383,28 @@ defmodule XlaNode.MLIR do
     emit1("stablehlo.constant", [], {elem, dims}, [
       "value = dense<#{literal}> : #{type_text({elem, dims})}"
     ])
+  end
+
+  @doc """
+  A constant from the raw row-major little-endian bytes of a tensor of `type` (a `pred`
+  constant takes one byte, 0 or 1, per element).
+  """
+  def constant_binary(binary, type) when is_binary(binary) do
+    {elem, dims} = check_type!("constant", type)
+    size = Enum.product(dims) * Tensor.element_size(elem)
+
+    if byte_size(binary) != size do
+      raise ArgumentError,
+            "constant: #{byte_size(binary)} bytes for #{type_text({elem, dims})} (#{size} bytes)"
+    end
+
+    if elem == {:pred, 8} do
+      constant(:binary.bin_to_list(binary), {elem, dims})
+    else
+      emit1("stablehlo.constant", [], {elem, dims}, [
+        ~s(value = dense<"0x#{Base.encode16(binary)}"> : #{type_text({elem, dims})})
+      ])
+    end
   end
 
   @doc "`stablehlo.iota`: values counting along `dimension`."

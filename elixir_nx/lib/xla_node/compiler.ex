@@ -1,0 +1,131 @@
+defmodule XlaNode.Compiler do
+  @moduledoc """
+  An `Nx.Defn.Compiler` that runs `defn` on an xla_node compute node.
+
+      Nx.Defn.jit(&MyModel.predict/2, compiler: XlaNode.Compiler, node: :"xla@gpu1").(params, x)
+
+  The expression is lowered to StableHLO in Elixir (see `XlaNode.Compiler.Lower`), compiled on
+  the node (which caches compiled programs by content) and run there; the caller's node needs no
+  NIF, no XLA and no C compiler. `Nx.runtime_call/4` callbacks and hooks (`print_value`,
+  `hook/3`) run on the caller's node, in a callback server started for each call, while the
+  program runs on the compute node.
+
+  ## Options
+
+    * `:node` - the compute node (required)
+    * `:callback_timeout` - how long the node waits for each callback, in milliseconds
+      (default: the node's `--callback-timeout`)
+    * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
+    * `:timeout` - how long to wait for the run's result (default `:infinity`)
+  """
+
+  @behaviour Nx.Defn.Compiler
+
+  alias Nx.Defn.Composite
+  alias XlaNode.Compiler.Lower
+
+  @impl true
+  def __partitions_options__(opts), do: [opts]
+
+  @impl true
+  def __to_backend__(_opts), do: {Nx.BinaryBackend, []}
+
+  @impl true
+  def __jit__(key, vars, fun, args_list, opts) do
+    __compile__(key, vars, fun, opts).(args_list)
+  end
+
+  @impl true
+  def __compile__(_key, vars, fun, opts) do
+    node = node!(opts)
+    {outputs, output_templates} = outputs(vars, fun)
+    parameters = Composite.flatten_list(vars)
+
+    %{text: text, callbacks: callbacks} =
+      Lower.module(parameters, Composite.flatten_list([outputs]))
+
+    exe =
+      case XlaNode.compile(node, text) do
+        {:ok, exe} -> exe
+        {:error, error} -> raise error
+      end
+
+    hooks = Keyword.get(opts, :hooks, %{})
+    run_opts = Keyword.take(opts, [:callback_timeout])
+    timeout = Keyword.get(opts, :timeout, :infinity)
+
+    fn [params] ->
+      args = Enum.map(params, &to_client(&1.()))
+      results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
+      [from_client(results, output_templates)]
+    end
+  end
+
+  defp node!(opts) do
+    case Keyword.fetch(opts, :node) do
+      {:ok, node} when is_atom(node) and node != nil ->
+        node
+
+      {:ok, other} ->
+        raise ArgumentError,
+              "XlaNode.Compiler: :node must be a node name (an atom), got #{inspect(other)}"
+
+      :error ->
+        raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
+    end
+  end
+
+  defp outputs(vars, fun) do
+    output = fun.(vars)
+
+    {devectorized, templates} =
+      Composite.traverse(output, [], fn t, acc ->
+        t = Nx.devectorize(t)
+        {t, [Nx.to_template(t) | acc]}
+      end)
+
+    {devectorized, {output, Enum.reverse(templates)}}
+  end
+
+  defp run(node, exe, args, callbacks, hooks, run_opts, timeout) do
+    if callbacks == %{} do
+      XlaNode.run(node, exe, args, Keyword.put(run_opts, :timeout, timeout)) |> result!()
+    else
+      {:ok, server} =
+        XlaNode.CallbackServer.start_link(XlaNode.Compiler.Callbacks.handlers(callbacks, hooks))
+
+      try do
+        XlaNode.run(node, exe, args, run_opts ++ [callback_server: server, timeout: timeout])
+        |> result!()
+      after
+        Process.unlink(server)
+        Process.exit(server, :shutdown)
+      end
+    end
+  end
+
+  defp result!({:ok, results}), do: results
+  defp result!({:error, error}), do: raise(error)
+
+  @doc false
+  def to_client(%Nx.Tensor{} = t) do
+    t = Nx.devectorize(t)
+    {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
+  end
+
+  @doc false
+  def from_client(results, {output, templates}) do
+    tensors =
+      Enum.zip_with(results, templates, fn {bin, _}, template ->
+        bin |> Nx.from_binary(template.type) |> Nx.reshape(template.shape, names: template.names)
+      end)
+
+    {result, []} =
+      Composite.traverse(output, tensors, fn %Nx.Tensor{} = out, [t | rest] ->
+        t = if out.vectorized_axes == [], do: t, else: Nx.vectorize(t, out.vectorized_axes)
+        {t, rest}
+      end)
+
+    result
+  end
+end

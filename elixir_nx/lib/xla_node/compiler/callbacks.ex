@@ -1,0 +1,54 @@
+defmodule XlaNode.Compiler.Callbacks do
+  @moduledoc """
+  Serves a compiled program's `runtime_call`s and hooks on the caller's node: turns each
+  callback request into Nx tensors shaped as the expression said, calls the function, checks
+  its result against the output template and replies with the result's binaries (see
+  `XlaNode.CallbackServer` for the protocol). A mismatch, a raise or a throw fails the run with
+  a message that names the callback.
+  """
+
+  alias Nx.Defn.Composite
+
+  @doc "The `XlaNode.CallbackServer` handlers for the callbacks `XlaNode.Compiler.Lower` found."
+  def handlers(callbacks, hooks) do
+    Map.new(callbacks, fn {id, callback} -> {id, handler(callback, hooks)} end)
+  end
+
+  defp handler(%{kind: :runtime_call} = c, _hooks) do
+    fn args ->
+      result = c.fun.(to_container(args, c.args_template), c.opts)
+
+      if Nx.compatible?(c.out_template, result) do
+        {:ok, result |> List.wrap() |> Composite.flatten_list() |> Enum.map(&Nx.to_binary/1)}
+      else
+        {:error,
+         {:runtime_error,
+          "runtime_call #{inspect(c.fun)} returned #{inspect(Nx.to_template(result))}, " <>
+            "which does not match the output template #{inspect(c.out_template)}"}}
+      end
+    end
+  end
+
+  defp handler(%{kind: :hook} = c, hooks) do
+    fn args ->
+      case resolve(c.spec, hooks) do
+        nil -> :ok
+        fun -> fun.(to_container(args, c.template))
+      end
+
+      {:ok, []}
+    end
+  end
+
+  defp resolve({:fn, fun}, _hooks), do: fun
+  defp resolve({:named, name, callback}, hooks), do: hooks[name] || callback
+
+  defp to_container(args, template) do
+    {container, []} =
+      Composite.traverse(template, args, fn %Nx.Tensor{} = t, [{bin, _} | rest] ->
+        {bin |> Nx.from_binary(t.type) |> Nx.reshape(t.shape, names: t.names), rest}
+      end)
+
+    container
+  end
+end

@@ -1,0 +1,316 @@
+defmodule XlaNode.CompilerTest do
+  use ExUnit.Case, async: true
+
+  import Nx.Defn
+  import ExUnit.CaptureIO
+
+  defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
+
+  # The same function through XlaNode.Compiler and through Nx.Defn.Evaluator.
+  defp both(fun, args) do
+    ours = apply(Nx.Defn.jit(fun, compiler: XlaNode.Compiler, node: xla()), args)
+    theirs = apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator), args)
+    {ours, theirs}
+  end
+
+  defp assert_same(fun, args, opts \\ []) do
+    {ours, theirs} = both(fun, args)
+    assert_match(ours, theirs, opts)
+  end
+
+  defp assert_match(%Nx.Tensor{} = ours, %Nx.Tensor{} = theirs, opts) do
+    assert ours.type == theirs.type,
+           "type #{inspect(ours.type)}, expected #{inspect(theirs.type)}"
+
+    assert ours.shape == theirs.shape,
+           "shape #{inspect(ours.shape)}, expected #{inspect(theirs.shape)}"
+
+    if Nx.Type.integer?(theirs.type) do
+      assert Nx.to_flat_list(ours) == Nx.to_flat_list(theirs)
+    else
+      assert Nx.all_close(ours, theirs,
+               atol: opts[:atol] || 1.0e-5,
+               rtol: 1.0e-4,
+               equal_nan: true
+             )
+             |> Nx.to_number() == 1,
+             "got #{inspect(ours)}\nexpected #{inspect(theirs)}"
+    end
+  end
+
+  defp assert_match(ours, theirs, opts) when is_tuple(ours) do
+    Enum.zip_with(Tuple.to_list(ours), Tuple.to_list(theirs), &assert_match(&1, &2, opts))
+  end
+
+  defp assert_match(%{} = ours, %{} = theirs, opts) do
+    assert Map.keys(ours) == Map.keys(theirs)
+    for k <- Map.keys(ours), do: assert_match(ours[k], theirs[k], opts)
+  end
+
+  @f Nx.tensor([[0.5, -1.5, 2.0], [3.25, 0.0, -0.75]])
+  @i Nx.tensor([[1, -2, 3], [4, 5, -6]], type: :s32)
+  @u Nx.tensor([1, 200, 3], type: :u8)
+
+  test "elementwise unary ops" do
+    for f <- [
+          &Nx.exp/1,
+          &Nx.log1p(Nx.abs(&1)),
+          &Nx.sigmoid/1,
+          &Nx.tanh/1,
+          &Nx.sin/1,
+          &Nx.erf/1,
+          &Nx.abs/1,
+          &Nx.negate/1,
+          &Nx.floor/1,
+          &Nx.ceil/1,
+          &Nx.round/1,
+          &Nx.sign/1,
+          &Nx.sqrt(Nx.abs(&1)),
+          &Nx.is_nan/1,
+          &Nx.cbrt/1,
+          &Nx.atan/1
+        ] do
+      assert_same(f, [@f])
+    end
+
+    for f <- [
+          &Nx.abs/1,
+          &Nx.negate/1,
+          &Nx.sign/1,
+          &Nx.bitwise_not/1,
+          &Nx.exp/1,
+          &Nx.population_count/1,
+          &Nx.count_leading_zeros/1
+        ] do
+      assert_same(f, [@i])
+    end
+
+    assert_same(&Nx.sign/1, [@u])
+  end
+
+  test "binary ops with broadcasting and type promotion" do
+    row = Nx.tensor([1.0, 2.0, 4.0])
+
+    for f <- [
+          &Nx.add/2,
+          &Nx.subtract/2,
+          &Nx.multiply/2,
+          &Nx.divide/2,
+          &Nx.pow/2,
+          &Nx.max/2,
+          &Nx.min/2,
+          &Nx.atan2/2,
+          &Nx.greater/2,
+          &Nx.equal/2,
+          &Nx.less_equal/2,
+          &Nx.logical_and/2
+        ] do
+      assert_same(f, [@f, row])
+      assert_same(f, [@i, row])
+    end
+
+    for f <- [
+          &Nx.quotient/2,
+          &Nx.remainder/2,
+          &Nx.bitwise_and/2,
+          &Nx.bitwise_xor/2,
+          &Nx.left_shift(&1, Nx.abs(&2)),
+          &Nx.right_shift(&1, Nx.abs(&2))
+        ] do
+      assert_same(f, [@i, Nx.tensor([3, 1, 2], type: :s32)])
+    end
+
+    assert_same(&Nx.add(&1, 1), [@u])
+    assert_same(fn a, b -> Nx.select(Nx.greater(a, 0), a, b) end, [@f, Nx.tensor(-9.0)])
+    assert_same(&Nx.clip(&1, -1, 1), [@f])
+  end
+
+  test "reductions, argmax and argmin" do
+    for f <- [
+          &Nx.sum/1,
+          &Nx.sum(&1, axes: [1]),
+          &Nx.product(&1, axes: [0], keep_axes: true),
+          &Nx.reduce_max/1,
+          &Nx.reduce_min(&1, axes: [1]),
+          &Nx.all(&1, axes: [0]),
+          &Nx.any/1,
+          &Nx.argmax/1,
+          &Nx.argmax(&1, axis: 1),
+          &Nx.argmin(&1, axis: 0, keep_axis: true),
+          &Nx.argmax(&1, axis: 1, tie_break: :high),
+          &Nx.mean/1
+        ] do
+      assert_same(f, [@f])
+      assert_same(f, [@i])
+    end
+  end
+
+  test "shapes: dot, reshape, transpose, slices, concatenate, stack, pad, reverse, iota, eye" do
+    a = Nx.iota({2, 3, 4}, type: :f32)
+    b = Nx.iota({2, 4, 5}, type: :f32)
+    assert_same(&Nx.dot(&1, [2], [0], &2, [1], [0]), [a, b])
+    assert_same(&Nx.dot/2, [Nx.iota({3, 4}), Nx.iota({4})])
+    assert_same(&Nx.reshape(&1, {4, 6}), [a])
+    assert_same(&Nx.transpose(&1, axes: [2, 0, 1]), [a])
+    assert_same(&Nx.slice(&1, [0, 1, 1], [2, 2, 3], strides: [1, 1, 2]), [a])
+    assert_same(fn t, i -> Nx.slice(t, [0, i, 1], [2, 2, 2]) end, [a, Nx.tensor(1)])
+
+    assert_same(fn t, i -> Nx.put_slice(t, [i, 0, 0], Nx.broadcast(-1.0, {1, 2, 2})) end, [
+      a,
+      Nx.tensor(1)
+    ])
+
+    assert_same(&Nx.concatenate([&1, &1], axis: 1), [a])
+    assert_same(&Nx.stack([&1, &1], axis: 1), [@f])
+    assert_same(&Nx.pad(&1, 0.0, [{1, 0, 1}, {0, 2, 0}]), [@f])
+    assert_same(&Nx.reverse(&1, axes: [1]), [@f])
+    assert_same(fn _ -> {Nx.iota({2, 3}, axis: 1), Nx.iota({2, 3}), Nx.eye(3)} end, [@f])
+    assert_same(&Nx.as_type(&1, :s16), [@f])
+    assert_same(&Nx.new_axis(&1, 0), [@f])
+  end
+
+  test "sort, argsort, take, gather, indexed_add, indexed_put" do
+    v = Nx.tensor([[3.0, 1.0, 2.0], [0.5, 9.0, -1.0]])
+    assert_same(&Nx.sort(&1, axis: 1), [v])
+    assert_same(&Nx.sort(&1, axis: 0, direction: :desc), [v])
+    assert_same(&Nx.argsort(&1, axis: 1), [v])
+    assert_same(&Nx.take(&1, Nx.tensor([1, 0, 1]), axis: 0), [v])
+    assert_same(&Nx.gather(&1, Nx.tensor([[1, 2], [0, 0]])), [v])
+
+    assert_same(
+      &Nx.indexed_add(&1, Nx.tensor([[0, 1], [1, 2], [0, 1]]), Nx.tensor([1.0, 2.0, 3.0])),
+      [v]
+    )
+
+    assert_same(&Nx.indexed_put(&1, Nx.tensor([[0, 0], [1, 1]]), Nx.tensor([7.0, 8.0])), [v])
+  end
+
+  test "windows and convolution" do
+    t = Nx.iota({1, 1, 5, 5}, type: :f32)
+    assert_same(&Nx.window_sum(&1, {1, 1, 2, 2}, strides: [1, 1, 2, 1], padding: :same), [t])
+    assert_same(&Nx.window_max(&1, {1, 1, 3, 3}), [t])
+
+    assert_same(
+      &Nx.conv(&1, Nx.iota({2, 1, 3, 3}, type: :f32), strides: [2, 1], padding: :same),
+      [t]
+    )
+
+    assert_same(
+      &Nx.conv(&1, Nx.iota({4, 1, 2, 2}, type: :f32),
+        feature_group_size: 1,
+        kernel_dilation: [2, 1]
+      ),
+      [t]
+    )
+  end
+
+  defn while_sum(n) do
+    {_, acc, _} =
+      while {i = 0, acc = 0, n}, i < n do
+        {i + 1, acc + i, n}
+      end
+
+    acc
+  end
+
+  defn pick(x) do
+    cond do
+      Nx.sum(x) > 10 -> {x * 2, 1}
+      Nx.sum(x) < 0 -> {-x, 2}
+      true -> {x, 3}
+    end
+  end
+
+  test "while, cond, containers in and out" do
+    assert_same(&while_sum/1, [Nx.tensor(10)])
+    assert_same(&pick/1, [Nx.tensor([5.0, 6.0])])
+    assert_same(&pick/1, [Nx.tensor([-5.0, 1.0])])
+    assert_same(&pick/1, [Nx.tensor([1.0, 1.0])])
+
+    assert_same(fn %{a: a, b: {b, c}} -> %{sum: Nx.add(a, b), prod: {Nx.multiply(b, c)}} end, [
+      %{a: @f, b: {@f, Nx.tensor(2.0)}}
+    ])
+  end
+
+  defn loss(w, x) do
+    x |> Nx.dot(w) |> Nx.tanh() |> Nx.sum()
+  end
+
+  test "gradients of a small model" do
+    w = Nx.iota({3, 2}, type: :f32) |> Nx.divide(10)
+    x = Nx.iota({4, 3}, type: :f32) |> Nx.divide(7)
+    assert_same(fn w, x -> value_and_grad(w, &loss(&1, x)) end, [w, x], atol: 1.0e-4)
+  end
+
+  test "Nx.Random" do
+    assert_same(fn key -> Nx.Random.uniform(key, shape: {4}) |> elem(0) end, [Nx.Random.key(42)])
+
+    assert_same(fn key -> Nx.Random.normal(key, shape: {3}) |> elem(0) end, [Nx.Random.key(7)],
+      atol: 1.0e-4
+    )
+  end
+
+  def times(t, opts), do: Nx.multiply(t, opts[:by])
+
+  defn with_runtime_call(x) do
+    y = Nx.runtime_call(x, x, [by: 3], &times/2)
+    y + 1
+  end
+
+  test "runtime_call runs on the caller's node" do
+    {ours, theirs} = both(&with_runtime_call/1, [Nx.tensor([1.0, 2.0])])
+    assert_match(ours, theirs, [])
+    assert Nx.to_flat_list(ours) == [4.0, 7.0]
+
+    parent = self()
+
+    tuple_out =
+      Nx.Defn.jit(
+        fn x ->
+          Nx.runtime_call({x, x}, x, [], fn t, _ ->
+            send(parent, {:called_on, node()})
+            {Nx.add(t, 1), Nx.multiply(t, 2)}
+          end)
+        end,
+        compiler: XlaNode.Compiler,
+        node: xla()
+      ).(Nx.tensor([1.0, 5.0]))
+
+    assert {a, b} = tuple_out
+    assert {Nx.to_flat_list(a), Nx.to_flat_list(b)} == {[2.0, 6.0], [2.0, 10.0]}
+    assert_receive {:called_on, called_on}
+    assert called_on == node()
+  end
+
+  test "a runtime_call that returns the wrong shape or raises fails the call, naming the callback" do
+    wrong = fn x -> Nx.runtime_call(x, x, [], fn t, _ -> Nx.concatenate([t, t]) end) end
+
+    assert_raise XlaNode.Error, ~r/does not match the output template/, fn ->
+      Nx.Defn.jit(wrong, compiler: XlaNode.Compiler, node: xla()).(Nx.tensor([1.0]))
+    end
+
+    raising = fn x -> Nx.runtime_call(x, x, [], fn _, _ -> raise "boom" end) end
+
+    assert_raise XlaNode.Error, ~r/boom/, fn ->
+      Nx.Defn.jit(raising, compiler: XlaNode.Compiler, node: xla()).(Nx.tensor([1.0]))
+    end
+  end
+
+  defn(printed(x), do: print_value(x * 2) + 1)
+
+  test "print_value prints on the caller's terminal" do
+    out =
+      capture_io(fn ->
+        Nx.Defn.jit(&printed/1, compiler: XlaNode.Compiler, node: xla()).(Nx.tensor([1.0, 2.0]))
+      end)
+
+    assert out =~ "2.0"
+    assert out =~ "4.0"
+  end
+
+  test "an op it cannot lower, or a missing node, raises at compile time" do
+    assert_raise ArgumentError, ~r/needs the compute node/, fn ->
+      Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler).(Nx.tensor(1.0))
+    end
+  end
+end

@@ -1,0 +1,65 @@
+defmodule XlaNode.NxTest.Node do
+  @moduledoc "Starts and stops the xla_node binary the tests run on."
+
+  @cookie :xla_nx_test
+
+  def start! do
+    System.cmd("epmd", ["-daemon"])
+
+    unless Node.alive?() do
+      {:ok, _} = Node.start(:"nx_test_runner_#{System.pid()}", :shortnames)
+    end
+
+    Node.set_cookie(@cookie)
+
+    bin =
+      System.get_env("XLA_NODE_BIN") || Path.expand("../../../target/release/xla_node", __DIR__)
+
+    sname = "xla_nx_#{System.pid()}"
+    {:ok, host} = :inet.gethostname()
+    name = :"#{sname}@#{host}"
+    # Through a shell that ends the node when this VM closes the port (its standard input),
+    # however the test run ends.
+    port =
+      Port.open({:spawn_executable, "/bin/sh"}, [
+        :binary,
+        :exit_status,
+        env: [{~c"XLA_NODE_LOG", ~c"warn"}],
+        args: [
+          "-c",
+          ~s("$0" "$@" & pid=$!; read _; kill $pid),
+          bin,
+          "--sname",
+          sname,
+          "--cookie",
+          "#{@cookie}"
+        ]
+      ])
+
+    wait_ready(name, 100)
+    %{name: name, port: port}
+  end
+
+  defp wait_ready(name, 0), do: raise("xla_node #{name} did not come up")
+
+  defp wait_ready(name, tries) do
+    if Node.connect(name) == true and ping(name) == :pong do
+      :ok
+    else
+      Process.sleep(100)
+      wait_ready(name, tries - 1)
+    end
+  end
+
+  defp ping(name) do
+    GenServer.call({:xla, name}, :ping, 1_000)
+  catch
+    :exit, _ -> :error
+  end
+
+  def stop(%{port: port}) do
+    Port.close(port)
+  catch
+    :error, _ -> :ok
+  end
+end
