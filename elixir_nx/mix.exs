@@ -20,7 +20,7 @@ defmodule XlaNodeNx.MixProject do
   end
 
   def application do
-    [extra_applications: [:logger]]
+    [extra_applications: [:logger], mod: {XlaNode.Compiler.Application, []}]
   end
 
   defp deps do

@@ -5,8 +5,9 @@ defmodule XlaNode.Compiler do
       Nx.Defn.jit(&MyModel.predict/2, compiler: XlaNode.Compiler, node: :"xla@gpu1").(params, x)
 
   The expression is lowered to StableHLO in Elixir (see `XlaNode.Compiler.Lower`), compiled on
-  the node (which caches compiled programs by content) and run there; the caller's node needs no
-  NIF, no XLA and no C compiler. `Nx.runtime_call/4` callbacks and hooks (`print_value`,
+  the node and run there; the caller's node needs no NIF, no XLA and no C compiler. Compiled
+  programs are kept per (function, argument templates, node) by `XlaNode.Compiler.Cache`: a
+  second call with the same shapes lowers and compiles nothing, new shapes compile anew. `Nx.runtime_call/4` callbacks and hooks (`print_value`,
   `hook/3`) run on the caller's node, in a callback server started for each call, while the
   program runs on the compute node.
 
@@ -22,7 +23,7 @@ defmodule XlaNode.Compiler do
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
-  alias XlaNode.Compiler.Lower
+  alias XlaNode.Compiler.{Cache, Lower}
 
   @impl true
   def __partitions_options__(opts), do: [opts]
@@ -36,19 +37,13 @@ defmodule XlaNode.Compiler do
   end
 
   @impl true
-  def __compile__(_key, vars, fun, opts) do
+  def __compile__(key, vars, fun, opts) do
     node = node!(opts)
-    {outputs, output_templates} = outputs(vars, fun)
-    parameters = Composite.flatten_list(vars)
+    templates = vars |> Composite.flatten_list() |> Enum.map(&{&1.type, &1.shape, &1.names})
+    cache_key = {key, templates, node}
 
-    %{text: text, callbacks: callbacks} =
-      Lower.module(parameters, Composite.flatten_list([outputs]))
-
-    exe =
-      case XlaNode.compile(node, text) do
-        {:ok, exe} -> exe
-        {:error, error} -> raise error
-      end
+    %{exe: exe, callbacks: callbacks, outputs: outputs} =
+      Cache.get(cache_key) || compile!(cache_key, node, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
     run_opts = Keyword.take(opts, [:callback_timeout])
@@ -57,8 +52,17 @@ defmodule XlaNode.Compiler do
     fn [params] ->
       args = Enum.map(params, &to_client(&1.()))
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
-      [from_client(results, output_templates)]
+      [from_client(results, outputs)]
     end
+  end
+
+  defp compile!(cache_key, node, vars, fun) do
+    {outputs, output_templates} = outputs(vars, fun)
+
+    %{text: text, callbacks: callbacks} =
+      Lower.module(Composite.flatten_list(vars), Composite.flatten_list([outputs]))
+
+    Cache.compile!(cache_key, node, text, %{callbacks: callbacks, outputs: output_templates})
   end
 
   defp node!(opts) do

@@ -1,0 +1,61 @@
+defmodule XlaNode.Compiler.Cache do
+  @moduledoc """
+  Compiled programs, per (function, argument templates, node), so that calling a jitted function
+  again lowers and compiles nothing.
+
+  The node frees an executable when the process that compiled it exits, so this process
+  compiles them itself and lives as long as the application. Entries of a node go when the
+  connection to it does (the node may have restarted without them).
+  """
+  use GenServer
+
+  @table __MODULE__
+
+  def start_link(_opts), do: GenServer.start_link(__MODULE__, nil, name: __MODULE__)
+
+  @doc "The entry for `key`, or `nil`."
+  def get(key) do
+    case :ets.lookup(@table, key) do
+      [{^key, entry}] -> entry
+      [] -> nil
+    end
+  end
+
+  @doc """
+  Compiles `text` on `node` and stores `%{exe: exe}` merged with `extra` under `key`; returns
+  the entry, or raises the compile error.
+  """
+  def compile!(key, node, text, extra) do
+    case GenServer.call(__MODULE__, {:compile, key, node, text, extra}, :infinity) do
+      {:ok, entry} -> entry
+      {:error, error} -> raise error
+    end
+  end
+
+  @impl true
+  def init(nil) do
+    :ets.new(@table, [:named_table, :public, read_concurrency: true])
+    :ok = :net_kernel.monitor_nodes(true)
+    {:ok, nil}
+  end
+
+  @impl true
+  def handle_call({:compile, key, node, text, extra}, _from, state) do
+    reply =
+      with {:ok, exe} <- XlaNode.compile(node, text) do
+        entry = Map.put(extra, :exe, exe)
+        :ets.insert(@table, {key, entry})
+        {:ok, entry}
+      end
+
+    {:reply, reply, state}
+  end
+
+  @impl true
+  def handle_info({:nodedown, node}, state) do
+    :ets.match_delete(@table, {{:_, :_, node}, :_})
+    {:noreply, state}
+  end
+
+  def handle_info({:nodeup, _node}, state), do: {:noreply, state}
+end
