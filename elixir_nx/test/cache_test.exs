@@ -14,4 +14,17 @@ defmodule XlaNode.Compiler.CacheTest do
     {:ok, %{compiles: c2}} = GenServer.call({:xla, xla()}, :info)
     assert c2 - c1 == 1
   end
+
+  test "a compile error quotes the line of the generated program XLA points at" do
+    text =
+      "func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {\n  %y = \"stablehlo.nonsense\"(%x) : (tensor<2xf32>) -> tensor<2xf32>\n  \"func.return\"(%y) : (tensor<2xf32>) -> ()\n}\n"
+
+    error =
+      assert_raise XlaNode.Error, fn ->
+        XlaNode.Compiler.Cache.compile!({:bad, [], xla()}, xla(), text, %{})
+      end
+
+    assert error.kind == :compile_error
+    assert error.message =~ ~s(in the generated program, line 2:\n%y = "stablehlo.nonsense")
+  end
 end

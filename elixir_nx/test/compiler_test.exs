@@ -308,6 +308,56 @@ defmodule XlaNode.CompilerTest do
     assert out =~ "4.0"
   end
 
+  test "window_scatter_max/min and triangular_solve" do
+    t = Nx.tensor([[1.0, 5.0, 2.0, 8.0], [3.0, 4.0, 9.0, 0.0]])
+    src = Nx.tensor([[10.0, 20.0]])
+    assert_same(&Nx.window_scatter_max(&1, src, 0.0, {2, 2}, strides: [2, 2]), [t])
+    assert_same(&Nx.window_scatter_min(&1, src, 0.0, {2, 2}, strides: [2, 2]), [t])
+    a = Nx.tensor([[2.0, 0.0, 0.0], [1.0, 3.0, 0.0], [0.5, -1.0, 4.0]])
+    assert_same(&Nx.LinAlg.triangular_solve(&1, Nx.tensor([1.0, 2.0, 3.0])), [a])
+
+    assert_same(
+      &Nx.LinAlg.triangular_solve(&1, Nx.iota({3, 2}, type: :f32), transform_a: :transpose),
+      [a]
+    )
+
+    assert_same(&Nx.LinAlg.triangular_solve(&1, Nx.iota({2, 3}, type: :f32), left_side: false), [
+      a
+    ])
+  end
+
+  test "vectorized tensors in and out" do
+    x = Nx.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) |> Nx.vectorize(:rows)
+    {ours, theirs} = both(&Nx.multiply(Nx.sum(&1), &1), [x])
+    assert ours.vectorized_axes == [rows: 3]
+    assert_match(Nx.devectorize(ours), Nx.devectorize(theirs), [])
+  end
+
+  defn(hooked(x), do: hook(x * 2, :doubled) + 1)
+
+  test "hooks run on the caller, and hooks: overrides a named hook" do
+    parent = self()
+
+    f =
+      Nx.Defn.jit(&hooked/1,
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        hooks: %{doubled: &send(parent, {:hooked, &1})}
+      )
+
+    assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [3.0, 5.0]
+    assert_receive {:hooked, doubled}
+    assert Nx.to_flat_list(doubled) == [2.0, 4.0]
+  end
+
+  test "types the node has not raise when the function is compiled" do
+    assert_raise ArgumentError, ~r/cannot run tensors of type \{:s, 4\}/, fn ->
+      Nx.Defn.jit(&Nx.add(&1, &1), compiler: XlaNode.Compiler, node: xla()).(
+        Nx.tensor([1, 2], type: :s4)
+      )
+    end
+  end
+
   test "an op it cannot lower, or a missing node, raises at compile time" do
     assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler).(Nx.tensor(1.0))

@@ -507,6 +507,16 @@ defmodule XlaNode.MLIRBuilderTest do
     assert [same, same] = outputs
   end
 
+  test "triangular_solve", %{node: node} do
+    # [[2, 0], [1, 4]] x = [[2], [9]] -> x = [[1], [2]]
+    [x] = run(node, [{@f32, [2, 2]}, {@f32, [2, 1]}], fn [a, b] -> M.triangular_solve(a, b) end, [[2.0, 0.0, 1.0, 4.0], [2.0, 9.0]])
+    assert_close(x, [1.0, 2.0])
+
+    # The transpose of the same lower matrix: [[2, 1], [0, 4]] x = [[4], [8]] -> x = [[1], [2]]
+    [y] = run(node, [{@f32, [2, 2]}, {@f32, [2, 1]}], fn [a, b] -> M.triangular_solve(a, b, transpose_a: :transpose) end, [[2.0, 0.0, 1.0, 4.0], [4.0, 8.0]])
+    assert_close(y, [1.0, 2.0])
+  end
+
   test "the other elementwise ops, on every dtype family they take", %{node: node} do
     floats = [0.25, 1.5, -2.5]
 

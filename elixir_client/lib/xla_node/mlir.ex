@@ -46,7 +46,8 @@ defmodule XlaNode.MLIR do
       `dynamic_slice/3`, `dynamic_update_slice/3`, `concatenate/2`, `pad/5`, `gather/4`,
       `scatter/5`
     * contractions and windows: `dot_general/3`, `convolution/3`, `reduce/4`,
-      `reduce_window/5`, `select_and_scatter/7`, `sort/4`, `top_k/2`, `fft/3`
+      `reduce_window/5`, `select_and_scatter/7`, `sort/4`, `top_k/2`, `fft/3`,
+      `triangular_solve/3`
     * control flow: `while_loop/3`, `if_then_else/3`, `case_of/2`, `call/2`
     * others: `optimization_barrier/1`, `rng_bit_generator/3`
     * calls out of the program: `runtime_call/4`, `io_call/3`, `outfeed/2`, `infeed/2`,
@@ -1531,6 +1532,47 @@ defmodule XlaNode.MLIR do
       "fft_type = #stablehlo<fft_type #{t}>",
       "fft_length = #{i64_array(lengths)}"
     ])
+  end
+
+  @doc """
+  `stablehlo.triangular_solve`: solves `op(a) x = b` (or `x op(a) = b` with `left_side:
+  false`) for a triangular `a` (`[..., m, m]`) and `b` (`[..., m, n]`, or `[..., n, m]`).
+  Options: `left_side` (default true), `lower` (default true), `unit_diagonal` (default false),
+  `transpose_a`: `:no_transpose` (default), `:transpose` or `:adjoint`.
+  """
+  def triangular_solve(a, b, opts \\ []) do
+    [a, b] = same_elem!("stablehlo.triangular_solve", [a, b])
+    {_, adims} = a.type
+    {_, bdims} = b.type
+    left = Keyword.get(opts, :left_side, true)
+    m = List.last(adims)
+    solved = if left, do: Enum.at(bdims, -2), else: List.last(bdims)
+
+    unless length(adims) >= 2 and length(adims) == length(bdims) and Enum.at(adims, -2) == m and
+             solved == m and Enum.drop(adims, -2) == Enum.drop(bdims, -2) do
+      mismatch!(
+        "stablehlo.triangular_solve",
+        [a, b],
+        "a square [..., m, m] and b of the same rank whose #{if left, do: "second to last", else: "last"} dimension is m"
+      )
+    end
+
+    transpose =
+      opts |> Keyword.get(:transpose_a, :no_transpose) |> Atom.to_string() |> String.upcase()
+
+    emit1("stablehlo.triangular_solve", [a, b], b.type, [
+      "left_side = #{left}",
+      "lower = #{Keyword.get(opts, :lower, true)}",
+      "unit_diagonal = #{Keyword.get(opts, :unit_diagonal, false)}",
+      "transpose_a = #stablehlo<transpose #{transpose}>"
+    ])
+  end
+
+  defp same_elem!(op, values) do
+    values = Enum.map(values, &value!(op, &1))
+    elems = Enum.map(values, fn %{type: {e, _}} -> e end)
+    if length(Enum.uniq(elems)) > 1, do: mismatch!(op, values, "operands of one element type")
+    values
   end
 
   @doc "`chlo.top_k`: the `k` largest values along the last dimension and their s32 indices."

@@ -39,7 +39,12 @@ defmodule XlaNode.Compiler do
   @impl true
   def __compile__(key, vars, fun, opts) do
     node = node!(opts)
-    templates = vars |> Composite.flatten_list() |> Enum.map(&{&1.type, &1.shape, &1.names})
+
+    templates =
+      vars
+      |> Composite.flatten_list()
+      |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
+
     cache_key = {key, templates, node}
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =

@@ -28,9 +28,25 @@ defmodule XlaNode.Compiler.Cache do
   def compile!(key, node, text, extra) do
     case GenServer.call(__MODULE__, {:compile, key, node, text, extra}, :infinity) do
       {:ok, entry} -> entry
-      {:error, error} -> raise error
+      {:error, error} -> raise with_line(error, text)
     end
   end
+
+  # XLA names the line of the program text it could not take ("-:13:77: error: ..."): the
+  # message gets that line of the generated text.
+  defp with_line(%XlaNode.Error{kind: :compile_error, message: message} = error, text) do
+    with [_, line] <- Regex.run(~r/^-:(\d+):/, message),
+         {:ok, source} <- Enum.fetch(String.split(text, "\n"), String.to_integer(line) - 1) do
+      %{
+        error
+        | message: message <> "\nin the generated program, line #{line}:\n" <> String.trim(source)
+      }
+    else
+      _ -> error
+    end
+  end
+
+  defp with_line(error, _text), do: error
 
   @impl true
   def init(nil) do

@@ -22,7 +22,8 @@ defmodule XlaNode.Compiler.Lower do
   """
   def module(parameters, outputs) do
     calls_back = Enum.any?(outputs, &calls_back?/1)
-    param_types = Enum.map(parameters, &type_of/1)
+    # Vectorized parameters come in devectorized, as the expression uses them.
+    param_types = Enum.map(parameters, &type_of(Nx.devectorize(&1)))
     arg_types = if calls_back, do: [{{:u, 8}, [8]} | param_types], else: param_types
     Process.put(:xla_node_lower_callbacks, %{})
 
@@ -601,6 +602,45 @@ defmodule XlaNode.Compiler.Lower do
       )
 
     {value, state}
+  end
+
+  defp op(op, [x, source, init, window, opts], ans, state)
+       when op in [:window_scatter_max, :window_scatter_min] do
+    {[v, src, init], state} = lower_all([x, source, init], state)
+    pick = if op == :window_scatter_max, do: :ge, else: :le
+
+    value =
+      M.select_and_scatter(
+        cast(v, ans.type),
+        cast(src, ans.type),
+        cast(init, ans.type),
+        Tuple.to_list(window),
+        fn [a, b] -> M.compare(pick, a, b) end,
+        fn [a, b] -> M.add(a, b) end,
+        Keyword.take(window_opts(opts), [:strides, :padding])
+      )
+
+    {value, state}
+  end
+
+  # Nx solves a x = b (left_side) or x a = b, with b a matrix or a vector.
+  defp op(:triangular_solve, [a, b, opts], ans, state) do
+    {[va, vb], state} = lower_all([a, b], state)
+    {va, vb} = {cast(va, ans.type), cast(vb, ans.type)}
+    {_, bdims} = vb.type
+    left = Keyword.get(opts, :left_side, true)
+    vector = length(bdims) == 1
+    vb = if vector, do: M.reshape(vb, if(left, do: bdims ++ [1], else: [1 | bdims])), else: vb
+    transpose = if opts[:transform_a] == :transpose, do: :transpose, else: :no_transpose
+
+    x =
+      M.triangular_solve(va, vb,
+        left_side: left,
+        lower: Keyword.get(opts, :lower, true),
+        transpose_a: transpose
+      )
+
+    {if(vector, do: M.reshape(x, bdims), else: x), state}
   end
 
   defp op(op, [x, opts], ans, state) when op in [:fft, :ifft] do
