@@ -358,6 +358,46 @@ defmodule XlaNode.CompilerTest do
     end
   end
 
+  test "keep_on_device: results stay on the node between calls" do
+    {:ok, %{buffers: b0}} = GenServer.call({:xla, xla()}, :info)
+
+    kept =
+      Nx.Defn.jit(&Nx.multiply(&1, 2),
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        keep_on_device: true
+      )
+
+    y = kept.(Nx.tensor([1.0, 2.0]))
+    assert %XlaNode.Backend{} = y.data
+    z = kept.(y)
+    {:ok, %{buffers: b1}} = GenServer.call({:xla, xla()}, :info)
+    assert b1 - b0 == 2
+    assert Nx.to_flat_list(z) == [4.0, 8.0]
+    assert inspect(z) =~ "4.0, 8.0"
+    assert Nx.backend_transfer(z) |> Nx.add(1) |> Nx.to_flat_list() == [5.0, 9.0]
+    assert_raise ArgumentError, ~r/jit it with XlaNode.Compiler/, fn -> Nx.add(y, 1) end
+    assert Nx.backend_deallocate(y) == :ok
+    assert Nx.backend_deallocate(y) == :already_deallocated
+  end
+
+  test "Nx.Defn.compile/3, default options and Nx.Serving" do
+    compiled =
+      Nx.Defn.compile(&Nx.add(&1, 10), [Nx.template({2}, :f32)],
+        compiler: XlaNode.Compiler,
+        node: xla()
+      )
+
+    assert Nx.to_flat_list(compiled.(Nx.tensor([1.0, 2.0]))) == [11.0, 12.0]
+
+    serving =
+      Nx.Serving.jit(&Nx.multiply(&1, 2), compiler: XlaNode.Compiler, node: xla())
+      |> Nx.Serving.batch_size(4)
+
+    batch = Nx.Batch.stack([Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])])
+    assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
+  end
+
   test "an op it cannot lower, or a missing node, raises at compile time" do
     assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler).(Nx.tensor(1.0))

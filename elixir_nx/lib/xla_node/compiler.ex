@@ -16,6 +16,8 @@ defmodule XlaNode.Compiler do
     * `:node` - the compute node (required)
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds
       (default: the node's `--callback-timeout`)
+    * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
+      to pass into the next call without moving them (default `false`)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:timeout` - how long to wait for the run's result (default `:infinity`)
   """
@@ -51,13 +53,13 @@ defmodule XlaNode.Compiler do
       Cache.get(cache_key) || compile!(cache_key, node, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
-    run_opts = Keyword.take(opts, [:callback_timeout])
+    run_opts = Keyword.take(opts, [:callback_timeout, :keep_on_device])
     timeout = Keyword.get(opts, :timeout, :infinity)
 
     fn [params] ->
-      args = Enum.map(params, &to_client(&1.()))
+      args = Enum.map(params, &to_client(&1.(), node))
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
-      [from_client(results, outputs)]
+      [from_client(results, outputs, node)]
     end
   end
 
@@ -116,17 +118,25 @@ defmodule XlaNode.Compiler do
   defp result!({:ok, results}), do: results
   defp result!({:error, error}), do: raise(error)
 
-  @doc false
-  def to_client(%Nx.Tensor{} = t) do
+  # A tensor kept on this node goes as its buffer; any other as its data.
+  defp to_client(%Nx.Tensor{data: %XlaNode.Backend{node: node, buffer: buffer}}, node), do: buffer
+
+  defp to_client(%Nx.Tensor{} = t, _node) do
     t = Nx.devectorize(t)
     {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
   end
 
-  @doc false
-  def from_client(results, {output, templates}) do
+  # Results come as tensors, or as buffers with keep_on_device: true.
+  defp from_client(results, {output, templates}, node) do
     tensors =
-      Enum.zip_with(results, templates, fn {bin, _}, template ->
-        bin |> Nx.from_binary(template.type) |> Nx.reshape(template.shape, names: template.names)
+      Enum.zip_with(results, templates, fn
+        {bin, _}, template ->
+          bin
+          |> Nx.from_binary(template.type)
+          |> Nx.reshape(template.shape, names: template.names)
+
+        buffer, template when is_reference(buffer) ->
+          %{template | data: %XlaNode.Backend{node: node, buffer: buffer}}
       end)
 
     {result, []} =
