@@ -260,6 +260,16 @@ defmodule XlaNode.CompilerTest do
     assert_same(&Nx.indexed_put(&1, Nx.tensor([[0, 0], [1, 1]]), Nx.tensor([7.0, 8.0])), [v])
   end
 
+  test "blocks: take and top_k lowered to one op, rfft and irfft" do
+    v = Nx.iota({3, 4}, type: :f32)
+    assert_same(&Nx.take(&1, Nx.tensor([[2, 0], [1, 1]]), axis: 1), [v])
+    assert_same(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v])
+    assert_same(&Nx.top_k(&1, k: 2), [Nx.tensor([[3.0, 9.0, 1.0], [7.0, 2.0, 8.0]])])
+    signal = Nx.tensor([1.0, 2.0, 0.5, -1.0])
+    assert_same(&Nx.rfft(&1, length: 4), [signal])
+    assert_same(&Nx.irfft(Nx.rfft(&1, length: 4), length: 4), [signal])
+  end
+
   test "windows and convolution" do
     t = Nx.iota({1, 1, 5, 5}, type: :f32)
     assert_same(&Nx.window_sum(&1, {1, 1, 2, 2}, strides: [1, 1, 2, 1], padding: :same), [t])

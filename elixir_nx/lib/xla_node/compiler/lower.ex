@@ -694,6 +694,43 @@ defmodule XlaNode.Compiler.Lower do
     {one_or_all(cond_chain(clauses, last, state), ans), state}
   end
 
+  # Blocks StableHLO expresses directly: one op instead of the default expression.
+  defp op(:block, [%Nx.Block.Take{axis: axis}, [x, indices], _default, _fun], ans, state) do
+    {[v, idx], state} = lower_all([x, indices], state)
+    {_, in_dims} = v.type
+    {_, idx_dims} = idx.type
+    out_rank = length(in_dims) - 1 + length(idx_dims)
+    batch = Enum.to_list(axis..(axis + length(idx_dims) - 1)//1)
+
+    value =
+      M.gather(v, idx, List.replace_at(in_dims, axis, 1),
+        offset_dims: Enum.to_list(0..(out_rank - 1)//1) -- batch,
+        collapsed_slice_dims: [axis],
+        start_index_map: [axis],
+        index_vector_dim: length(idx_dims)
+      )
+
+    {cast(value, ans.type), state}
+  end
+
+  defp op(:block, [%Nx.Block.TopK{k: k}, [x], _default, _fun], _ans, state) do
+    {v, state} = lower(x, state)
+    {M.top_k(v, k), state}
+  end
+
+  defp op(:block, [%struct{eps: nil, length: n, axis: axis}, [x | _], default, fun], ans, state)
+       when struct in [Nx.Block.RFFT, Nx.Block.IRFFT] do
+    {v, state} = lower(x, state)
+    {_, d} = v.type
+
+    if axis == length(d) - 1 and (struct == Nx.Block.IRFFT or List.last(d) == n) do
+      kind = if struct == Nx.Block.RFFT, do: :rfft, else: :irfft
+      {M.fft(v, kind, [n]), state}
+    else
+      op(:block, [:default, [x], default, fun], ans, state)
+    end
+  end
+
   # A block's default expression is written over its own parameters, one per tensor argument
   # (the arguments before its options): lowered like a function body, with those as parameters.
   defp op(:block, [_struct, in_args, default, _fun], _ans, state) do
