@@ -367,6 +367,25 @@ defmodule XlaNode.CompilerTest do
     assert called_on == node()
   end
 
+  defn two_calls(x) do
+    y = Nx.runtime_call(x, x, [by: 3], &times/2)
+    z = Nx.sin(y) * 2
+    Nx.runtime_call(z, z, [by: 0.5], &times/2) + x
+  end
+
+  test "callbacks: :split gives the same results, with the callbacks between programs" do
+    x = Nx.tensor([0.5, 1.0, 2.0])
+
+    split =
+      Nx.Defn.jit(&two_calls/1, compiler: XlaNode.Compiler, node: xla(), callbacks: :split).(x)
+
+    inside = Nx.Defn.jit(&two_calls/1, compiler: XlaNode.Compiler, node: xla()).(x)
+    theirs = Nx.Defn.jit(&two_calls/1, compiler: Nx.Defn.Evaluator).(x)
+    assert_match(split, theirs, [])
+    assert_match(inside, theirs, [])
+    assert %Nx.Tensor{data: %Nx.BinaryBackend{}} = split
+  end
+
   test "a runtime_call that returns the wrong shape or raises fails the call, naming the callback" do
     wrong = fn x -> Nx.runtime_call(x, x, [], fn t, _ -> Nx.concatenate([t, t]) end) end
 

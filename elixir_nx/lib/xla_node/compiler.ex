@@ -16,6 +16,10 @@ defmodule XlaNode.Compiler do
     * `:node` - the compute node (required)
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds
       (default: the node's `--callback-timeout`)
+    * `:callbacks` - `:inside` (default): `runtime_call`s run as custom calls inside the
+      program; `:split`: the program is cut at each `runtime_call`, the pieces run on the node
+      with their results kept there, and the callbacks run on this node between them (see
+      `XlaNode.Compiler.Split`)
     * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
       to pass into the next call without moving them (default `false`)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
@@ -42,6 +46,20 @@ defmodule XlaNode.Compiler do
   def __compile__(key, vars, fun, opts) do
     node = node!(opts)
 
+    case Keyword.get(opts, :callbacks, :inside) do
+      :inside ->
+        compile_inside(key, vars, fun, opts, node)
+
+      :split ->
+        XlaNode.Compiler.Split.compile(vars, fun, opts)
+
+      other ->
+        raise ArgumentError,
+              "XlaNode.Compiler: :callbacks must be :inside or :split, got #{inspect(other)}"
+    end
+  end
+
+  defp compile_inside(key, vars, fun, opts, node) do
     templates =
       vars
       |> Composite.flatten_list()

@@ -44,7 +44,10 @@ defmodule XlaNode.Compiler.Lower do
     end
   end
 
-  defp calls_back?(expr), do: any_op?(expr, [:runtime_call, :hook], %{}) |> elem(0)
+  defp calls_back?(expr), do: has_op?(expr, [:runtime_call, :hook])
+
+  @doc "Whether an expression (or a container of them) uses any of `ops`."
+  def has_op?(expr, ops), do: any_op?(expr, ops, %{}) |> elem(0)
 
   defp any_op?(%T{data: %Expr{id: id, op: op, args: args}}, ops, seen) do
     cond do
