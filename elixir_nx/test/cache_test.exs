@@ -27,4 +27,20 @@ defmodule XlaNode.Compiler.CacheTest do
     assert error.kind == :compile_error
     assert error.message =~ ~s(in the generated program, line 2:\n%y = "stablehlo.nonsense")
   end
+
+  test "with callbacks: :split, each node stage is compiled once" do
+    split =
+      Nx.Defn.jit(&XlaNode.CompilerTest.two_calls/1,
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        callbacks: :split
+      )
+
+    x = Nx.tensor([0.5, 1.0])
+    split.(x)
+    {:ok, %{compiles: c0, cache_hits: h0}} = GenServer.call({:xla, xla()}, :info)
+    split.(x)
+    {:ok, %{compiles: c1, cache_hits: h1}} = GenServer.call({:xla, xla()}, :info)
+    assert {c1 - c0, h1 - h0} == {0, 0}
+  end
 end

@@ -51,7 +51,7 @@ defmodule XlaNode.Compiler do
         compile_inside(key, vars, fun, opts, node)
 
       :split ->
-        XlaNode.Compiler.Split.compile(vars, fun, opts)
+        XlaNode.Compiler.Split.compile(key, vars, fun, opts)
 
       other ->
         raise ArgumentError,
@@ -65,7 +65,8 @@ defmodule XlaNode.Compiler do
       |> Composite.flatten_list()
       |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
 
-    cache_key = {key, templates, node}
+    # Split stages are compiled from fresh closures every call: they bring a stable key.
+    cache_key = {Keyword.get(opts, :stage_key, key), templates, node}
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, vars, fun)

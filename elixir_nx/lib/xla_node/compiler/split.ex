@@ -15,7 +15,7 @@ defmodule XlaNode.Compiler.Split do
   alias Nx.Tensor, as: T
 
   @doc "Returns the function `XlaNode.Compiler.__compile__/4` returns, for `:split` mode."
-  def compile(vars, fun, opts) do
+  def compile(key, vars, fun, opts) do
     output = fun.(vars)
     output_expr = [output] |> Composite.flatten_list() |> List.to_tuple()
     chain = Graph.split(output_expr, &cut/1)
@@ -23,7 +23,9 @@ defmodule XlaNode.Compiler.Split do
 
     fn [params] ->
       args = Enum.map(params, & &1.())
-      results = run(chain, args, node_opts) |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1)
+
+      results =
+        chain |> run(args, key, node_opts) |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1)
 
       {result, []} = Composite.traverse(output, results, fn _, [t | rest] -> {t, rest} end)
       [result]
@@ -33,41 +35,38 @@ defmodule XlaNode.Compiler.Split do
   defp cut(%T{data: %Expr{op: :runtime_call}}), do: :both
   defp cut(_), do: :none
 
-  # As Nx.Defn.Graph.run/3, choosing where each stage runs.
-  defp run(chain, args, node_opts) do
+  # As Nx.Defn.Graph.run/3, choosing where each stage runs. Node stages are compiled under a
+  # key of their own, stable from call to call, so that each is compiled once.
+  defp run(chain, args, key, node_opts) do
     scope = args |> Enum.with_index(fn arg, i -> {{nil, i}, arg} end) |> Map.new()
 
     {result, _} =
-      Enum.reduce(chain, {nil, scope}, fn %{id: id, expr: expr, arguments: arguments},
-                                          {_, scope} ->
-        inputs = Enum.map(arguments, &Map.fetch!(scope, &1.source))
-
-        result =
-          if calls_back?(expr) do
-            inputs = Enum.map(inputs, &Nx.backend_transfer/1)
-
-            Nx.Defn.jit_apply(fn _ -> expr end, [List.to_tuple(inputs)],
-              compiler: Nx.Defn.Evaluator
-            )
-          else
-            Nx.Defn.jit_apply(
-              fn _ -> expr end,
-              [List.to_tuple(inputs)],
-              [compiler: XlaNode.Compiler] ++ node_opts
-            )
-          end
-
+      chain
+      |> Enum.with_index()
+      |> Enum.reduce({nil, scope}, fn {stage, index}, {_, scope} ->
+        inputs = stage.arguments |> Enum.map(&Map.fetch!(scope, &1.source)) |> List.to_tuple()
+        result = run_stage(stage.expr, inputs, {key, index}, node_opts)
         outputs = if is_tuple(result), do: Tuple.to_list(result), else: [result]
 
         scope =
           outputs
           |> Enum.with_index()
-          |> Enum.reduce(scope, fn {t, i}, acc -> Map.put(acc, {id, i}, t) end)
+          |> Enum.reduce(scope, fn {t, i}, acc -> Map.put(acc, {stage.id, i}, t) end)
 
         {result, scope}
       end)
 
     if is_tuple(result), do: result, else: {result}
+  end
+
+  defp run_stage(expr, inputs, stage_key, node_opts) do
+    if calls_back?(expr) do
+      inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1) |> List.to_tuple()
+      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], compiler: Nx.Defn.Evaluator)
+    else
+      opts = [compiler: XlaNode.Compiler, stage_key: stage_key] ++ node_opts
+      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], opts)
+    end
   end
 
   # Hooks stay inside node programs (as io_calls); only runtime calls run on this node.
