@@ -743,8 +743,6 @@ defmodule XlaNode.Compiler.Lower do
     {value, state}
   end
 
-  defp op(:optional, [_name, _args, default | _], _ans, state), do: lower_first(default, state)
-
   defp op(:runtime_call, [tensor_expr, fun, out_template, opts], _ans, state) do
     {args, state} = lower_container(tensor_expr, state)
     id = {:nx_runtime_call, make_ref()}
