@@ -178,7 +178,7 @@ defmodule XlaNode.MLIR do
     end
 
     results = emit("func.call", args, f.result_types, ["callee = @#{f.name}"])
-    if length(results) == 1, do: hd(results), else: results
+    one_or_list(results)
   end
 
   ## Types
@@ -207,26 +207,36 @@ defmodule XlaNode.MLIR do
   defp names(values), do: Enum.map_join(values, ", ", & &1.name)
 
   defp check_type!(op, {type, dims} = t) when is_list(dims) do
-    Tensor.normalize_type(type)
+    type =
+      try do
+        Tensor.normalize_type(type)
+      rescue
+        e in ArgumentError ->
+          reraise ArgumentError, "#{op}: #{Exception.message(e)}", __STACKTRACE__
+      end
 
     unless Enum.all?(dims, &(is_integer(&1) and &1 >= 0)) do
       raise ArgumentError, "#{op}: dims must be non-negative integers, got #{inspect(t)}"
     end
 
-    {Tensor.normalize_type(type), dims}
-  rescue
-    e in ArgumentError -> reraise ArgumentError, "#{op}: #{Exception.message(e)}", __STACKTRACE__
+    {type, dims}
   end
 
   defp check_type!(op, other),
     do: raise(ArgumentError, "#{op}: expected a type {type, dims}, got #{inspect(other)}")
 
-  defp category({:f, _}), do: :float
-  defp category({:bf, _}), do: :float
-  defp category({:c, _}), do: :complex
-  defp category({:s, _}), do: :signed
-  defp category({:u, _}), do: :unsigned
-  defp category({:pred, _}), do: :pred
+  @doc """
+  The family of an element type: `:float`, `:complex`, `:signed`, `:unsigned` or `:pred`.
+
+      iex> XlaNode.MLIR.category({:bf, 16})
+      :float
+  """
+  def category({:f, _}), do: :float
+  def category({:bf, _}), do: :float
+  def category({:c, _}), do: :complex
+  def category({:s, _}), do: :signed
+  def category({:u, _}), do: :unsigned
+  def category({:pred, _}), do: :pred
 
   defp bits({_, b}), do: b
 
@@ -298,7 +308,12 @@ defmodule XlaNode.MLIR do
     results
   end
 
-  defp emit1(op, operands, type, attrs \\ []), do: hd(emit(op, operands, [type], attrs))
+  defp emit1(op, operands, type, attrs \\ [], regions \\ []),
+    do: hd(emit(op, operands, [type], attrs, regions))
+
+  # Ops with one result per operand return a value for one operand, a list for several.
+  defp one_or_list([result]), do: result
+  defp one_or_list(results), do: results
 
   # A region: `fun` receives block arguments of `arg_types` and returns values.
   defp region(op, arg_types, fun) do
@@ -332,6 +347,18 @@ defmodule XlaNode.MLIR do
       ])
 
     {text, Enum.map(results, & &1.type)}
+  end
+
+  # A region whose results must be of `expected` types; `what` names it in the error.
+  defp region!(op, what, arg_types, expected, fun) do
+    {text, results} = region(op, arg_types, fun)
+
+    if results != expected do
+      raise ArgumentError,
+            "#{op}: #{what} returned #{types_text(results)}; expected #{types_text(expected)}"
+    end
+
+    text
   end
 
   defp i64_array([]), do: "array<i64>"
@@ -971,12 +998,7 @@ defmodule XlaNode.MLIR do
     end
 
     check_axes!("stablehlo.reduce", hd(operands), axes, length(dims))
-    {body, results} = region("stablehlo.reduce", scalars ++ scalars, fun)
-
-    if results != scalars do
-      raise ArgumentError,
-            "stablehlo.reduce: the region returned #{types_text(results)}; expected #{types_text(scalars)}"
-    end
+    body = region!("stablehlo.reduce", "the region", scalars ++ scalars, scalars, fun)
 
     out_dims = for {d, i} <- Enum.with_index(dims), i not in axes, do: d
     types = Enum.map(scalars, fn {e, []} -> {e, out_dims} end)
@@ -986,7 +1008,7 @@ defmodule XlaNode.MLIR do
         body
       ])
 
-    if length(results) == 1, do: hd(results), else: results
+    one_or_list(results)
   end
 
   @doc """
@@ -1008,14 +1030,7 @@ defmodule XlaNode.MLIR do
     end
 
     scalars = Enum.flat_map(operands, fn %{type: {e, _}} -> [{e, []}, {e, []}] end)
-    {body, results} = region("stablehlo.sort", scalars, comparator)
-
-    if results != [{{:pred, 8}, []}],
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.sort: the comparator returned #{types_text(results)}; expected tensor<i1>"
-        )
+    body = region!("stablehlo.sort", "the comparator", scalars, [{{:pred, 8}, []}], comparator)
 
     results =
       emit(
@@ -1026,7 +1041,7 @@ defmodule XlaNode.MLIR do
         [body]
       )
 
-    if length(results) == 1, do: hd(results), else: results
+    one_or_list(results)
   end
 
   @doc """
@@ -1036,23 +1051,8 @@ defmodule XlaNode.MLIR do
   def while_loop(initial, cond, body) do
     initial = Enum.map(List.wrap(initial), &value!("stablehlo.while", &1))
     types = Enum.map(initial, & &1.type)
-    {cond_region, cond_results} = region("stablehlo.while", types, cond)
-
-    if cond_results != [{{:pred, 8}, []}],
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.while: the condition returned #{types_text(cond_results)}; expected tensor<i1>"
-        )
-
-    {body_region, body_results} = region("stablehlo.while", types, body)
-
-    if body_results != types,
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.while: the body returned #{types_text(body_results)}; expected #{types_text(types)}"
-        )
+    cond_region = region!("stablehlo.while", "the condition", types, [{{:pred, 8}, []}], cond)
+    body_region = region!("stablehlo.while", "the body", types, types, body)
 
     emit("stablehlo.while", initial, types, [], [cond_region, body_region])
   end
@@ -1194,14 +1194,7 @@ defmodule XlaNode.MLIR do
       )
     end
 
-    {body, results} = region("stablehlo.scatter", scalars ++ scalars, fun)
-
-    if results != scalars,
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.scatter: the region returned #{types_text(results)}; expected #{types_text(scalars)}"
-        )
+    body = region!("stablehlo.scatter", "the region", scalars ++ scalars, scalars, fun)
 
     batching = Keyword.get(opts, :input_batching_dims, [])
 
@@ -1235,7 +1228,7 @@ defmodule XlaNode.MLIR do
         [body]
       )
 
-    if length(results) == 1, do: hd(results), else: results
+    one_or_list(results)
   end
 
   @doc """
@@ -1260,15 +1253,8 @@ defmodule XlaNode.MLIR do
       )
     end
 
-    w = window_options(dims, window, opts)
-    {body, results} = region("stablehlo.reduce_window", scalars ++ scalars, fun)
-
-    if results != scalars,
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.reduce_window: the region returned #{types_text(results)}; expected #{types_text(scalars)}"
-        )
+    w = window_options(dims, opts)
+    body = region!("stablehlo.reduce_window", "the region", scalars ++ scalars, scalars, fun)
 
     out = windowed_dims(dims, window, w)
 
@@ -1287,7 +1273,7 @@ defmodule XlaNode.MLIR do
         [body]
       )
 
-    if length(results) == 1, do: hd(results), else: results
+    one_or_list(results)
   end
 
   @doc """
@@ -1301,7 +1287,7 @@ defmodule XlaNode.MLIR do
       Enum.map([operand, source, init], &value!("stablehlo.select_and_scatter", &1))
 
     {elem, dims} = operand.type
-    w = window_options(dims, window, opts)
+    w = window_options(dims, opts)
     out = windowed_dims(dims, window, w)
 
     unless source.type == {elem, out} and init.type == {elem, []} do
@@ -1312,27 +1298,12 @@ defmodule XlaNode.MLIR do
       )
     end
 
-    {select_region, sel} =
-      region("stablehlo.select_and_scatter", [{elem, []}, {elem, []}], select)
+    scalar = {elem, []}
+    op = "stablehlo.select_and_scatter"
+    select_region = region!(op, "select", [scalar, scalar], [{{:pred, 8}, []}], select)
+    scatter_region = region!(op, "scatter", [scalar, scalar], [scalar], scatter)
 
-    if sel != [{{:pred, 8}, []}],
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.select_and_scatter: select returned #{types_text(sel)}; expected tensor<i1>"
-        )
-
-    {scatter_region, sc} =
-      region("stablehlo.select_and_scatter", [{elem, []}, {elem, []}], scatter)
-
-    if sc != [{elem, []}],
-      do:
-        raise(
-          ArgumentError,
-          "stablehlo.select_and_scatter: scatter returned #{types_text(sc)}; expected #{type_text({elem, []})}"
-        )
-
-    emit1_regions(
+    emit1(
       "stablehlo.select_and_scatter",
       [operand, source, init],
       operand.type,
@@ -1345,10 +1316,7 @@ defmodule XlaNode.MLIR do
     )
   end
 
-  defp emit1_regions(op, operands, type, attrs, regions),
-    do: hd(emit(op, operands, [type], attrs, regions))
-
-  defp window_options(dims, _window, opts) do
+  defp window_options(dims, opts) do
     ones = Enum.map(dims, fn _ -> 1 end)
 
     %{
