@@ -139,7 +139,9 @@ defmodule XlaNode.CompilerTest do
             &Nx.reduce_max/1,
             &Nx.argmin/1,
             &Nx.as_type(&1, :f32),
-            &Nx.right_shift(&1, 1)
+            &Nx.right_shift(&1, 1),
+            &Nx.floor/1,
+            &Nx.round/1
           ] do
         assert_same(f, [x])
       end

@@ -115,6 +115,12 @@ defmodule XlaNode.Compiler.Lower do
 
   defp lower(number, state) when is_number(number), do: {number, state}
 
+  # The operands of an elementwise op: converted to `type` and broadcast to `ans`'s shape.
+  defp operands(exprs, type, ans, state) do
+    {values, state} = lower_all(exprs, state)
+    {Enum.map(values, &(&1 |> cast(type) |> broadcast(dims(ans)))), state}
+  end
+
   defp lower_container(container, state) do
     [container] |> Composite.flatten_list() |> lower_all(state)
   end
@@ -193,8 +199,8 @@ defmodule XlaNode.Compiler.Lower do
     v = cast(v, ans.type)
 
     value =
-      case {op, category(ans.type)} do
-        {op, :int} when op in [:floor, :ceil, :round] -> v
+      case {op, M.category(ans.type)} do
+        {op, int} when op in [:floor, :ceil, :round] and int in [:signed, :unsigned] -> v
         {:sign, :unsigned} -> M.select(M.compare(:eq, v, zero(v)), v, one(v))
         _ -> apply(M, @unary[op], [v])
       end
@@ -204,7 +210,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(:abs, [x], ans, state) do
     {v, state} = lower(x, state)
-    value = if category(elem_type(v)) == :unsigned, do: v, else: M.abs(v)
+    value = if M.category(elem_type(v)) == :unsigned, do: v, else: M.abs(v)
     {cast(value, ans.type), state}
   end
 
@@ -212,7 +218,7 @@ defmodule XlaNode.Compiler.Lower do
     {v, state} = lower(x, state)
 
     value =
-      case {op, category(elem_type(v))} do
+      case {op, M.category(elem_type(v))} do
         {:real, :complex} -> M.real(v)
         {:imag, :complex} -> M.imag(v)
         {:real, _} -> v
@@ -237,7 +243,7 @@ defmodule XlaNode.Compiler.Lower do
     {v, state} = lower(x, state)
 
     pred =
-      case category(elem_type(v)) do
+      case M.category(elem_type(v)) do
         :float -> M.is_inf(v)
         :complex -> M.bitwise_or(M.is_inf(M.real(v)), M.is_inf(M.imag(v)))
         _ -> M.compare(:ne, v, v)
@@ -264,17 +270,15 @@ defmodule XlaNode.Compiler.Lower do
   }
 
   defp op(op, [a, b], ans, state) when is_map_key(@arith, op) do
-    {[va, vb], state} = lower_all([a, b], state)
-    [va, vb] = Enum.map([va, vb], &(&1 |> cast(ans.type) |> broadcast(dims(ans))))
+    {[va, vb], state} = operands([a, b], ans.type, ans, state)
     {apply(M, @arith[op], [va, vb]), state}
   end
 
   defp op(:right_shift, [a, b], ans, state) do
-    {[va, vb], state} = lower_all([a, b], state)
-    [va, vb] = Enum.map([va, vb], &(&1 |> cast(ans.type) |> broadcast(dims(ans))))
+    {[va, vb], state} = operands([a, b], ans.type, ans, state)
 
     shift =
-      if category(ans.type) == :unsigned,
+      if M.category(ans.type) == :unsigned,
         do: &M.shift_right_logical/2,
         else: &M.shift_right_arithmetic/2
 
@@ -291,9 +295,7 @@ defmodule XlaNode.Compiler.Lower do
   }
 
   defp op(op, [a, b], ans, state) when is_map_key(@compare, op) do
-    {[va, vb], state} = lower_all([a, b], state)
-    type = Nx.Type.merge(a.type, b.type)
-    [va, vb] = Enum.map([va, vb], &(&1 |> cast(type) |> broadcast(dims(ans))))
+    {[va, vb], state} = operands([a, b], Nx.Type.merge(a.type, b.type), ans, state)
     {cast(M.compare(@compare[op], va, vb), ans.type), state}
   end
 
@@ -306,14 +308,13 @@ defmodule XlaNode.Compiler.Lower do
   end
 
   defp op(:select, [pred, on_true, on_false], ans, state) do
-    {[p, t, f], state} = lower_all([pred, on_true, on_false], state)
-    [t, f] = Enum.map([t, f], &(&1 |> cast(ans.type) |> broadcast(dims(ans))))
+    {p, state} = lower(pred, state)
+    {[t, f], state} = operands([on_true, on_false], ans.type, ans, state)
     {M.select(p |> to_pred() |> broadcast(dims(ans)), t, f), state}
   end
 
   defp op(:clip, [x, min, max], ans, state) do
-    {values, state} = lower_all([x, min, max], state)
-    [v, lo, hi] = Enum.map(values, &(&1 |> cast(ans.type) |> broadcast(dims(ans))))
+    {[v, lo, hi], state} = operands([x, min, max], ans.type, ans, state)
     {M.clamp(lo, v, hi), state}
   end
 
@@ -527,7 +528,7 @@ defmodule XlaNode.Compiler.Lower do
     direction = if opts[:direction] == :desc, do: :gt, else: :lt
 
     compare = fn a, b ->
-      if category(elem_type(a)) == :float,
+      if M.category(elem_type(a)) == :float,
         do: M.compare(direction, a, b, :totalorder),
         else: M.compare(direction, a, b)
     end
@@ -855,13 +856,6 @@ defmodule XlaNode.Compiler.Lower do
   end
 
   defp elem_type(%{type: {elem, _}}), do: elem
-
-  defp category({:f, _}), do: :float
-  defp category({:bf, _}), do: :float
-  defp category({:c, _}), do: :complex
-  defp category({:s, _}), do: :int
-  defp category({:u, _}), do: :unsigned
-  defp category({:pred, _}), do: :pred
 
   defp cast(value, type) do
     type = type!(type)
