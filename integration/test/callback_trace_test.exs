@@ -7,15 +7,6 @@ defmodule XlaNode.CallbackTraceTest do
 
   alias XlaNode.{Harness, Load}
 
-  @callback_id :erlang.term_to_binary(:traced)
-  @words (for <<w::signed-native-64 <- @callback_id <> :binary.copy(<<0>>, rem(8 - rem(byte_size(@callback_id), 8), 8))>>, do: w)
-  @program """
-  func.func @main(%cb: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {
-    %r = stablehlo.custom_call @exla_runtime_callback(%cb, %x) {api_version = 4 : i32, has_side_effect = true, backend_config = {callback_id = array<i64: #{Enum.join(@words, ", ")}>, callback_id_size = #{byte_size(@callback_id)} : ui64, num_aliased_data_outputs = 0 : ui64}} : (tensor<8xui8>, tensor<4xf32>) -> tensor<4xf32>
-    return %r : tensor<4xf32>
-  }
-  """
-
   defp callbacks_info(node) do
     {:ok, %{callbacks: callbacks}} = GenServer.call({:xla, node.name}, :info)
     callbacks
@@ -24,7 +15,7 @@ defmodule XlaNode.CallbackTraceTest do
   defp run_callbacks(node, peer, n) do
     Harness.connect!(node)
     server = Harness.peer_call(peer, Load, :callback_server, [0])
-    {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, @program})
+    {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, Load.callback_program(:traced)})
     {bin, _} = x = Load.f32(1.0, 4)
     expected = Load.plus_one(bin)
 

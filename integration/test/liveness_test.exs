@@ -30,16 +30,6 @@ defmodule XlaNode.LivenessTest do
   }
   """
 
-  # EXLA's form: the callback server's u8[8] is parameter 0, supplied by the node.
-  @callback_id :erlang.term_to_binary(:liveness)
-  @callback_words (for <<w::signed-native-64 <- @callback_id <> :binary.copy(<<0>>, rem(8 - rem(byte_size(@callback_id), 8), 8))>>, do: w)
-  @callback_program """
-  func.func @main(%cb: tensor<8xui8>, %x: tensor<4xf32>) -> tensor<4xf32> {
-    %r = stablehlo.custom_call @exla_runtime_callback(%cb, %x) {api_version = 4 : i32, has_side_effect = true, backend_config = {callback_id = array<i64: #{Enum.join(@callback_words, ", ")}>, callback_id_size = #{byte_size(@callback_id)} : ui64, num_aliased_data_outputs = 0 : ui64}} : (tensor<8xui8>, tensor<4xf32>) -> tensor<4xf32>
-    return %r : tensor<4xf32>
-  }
-  """
-
   setup_all do
     peers = for _ <- 1..2, do: Harness.start_peer(nil, [], cleanup: false)
 
@@ -57,7 +47,7 @@ defmodule XlaNode.LivenessTest do
     Harness.connect!(node)
 
     exes =
-      for {kind, mlir} <- [tiny: @tiny, big: @big, callback: @callback_program], into: %{} do
+      for {kind, mlir} <- [tiny: @tiny, big: @big, callback: Load.callback_program(:liveness)], into: %{} do
         {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, mlir}, 60_000)
         {kind, exe}
       end
@@ -181,19 +171,11 @@ defmodule XlaNode.LivenessTest do
     assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
   end
 
-  defp eventually(fun, tries \\ 200) do
-    cond do
-      fun.() -> true
-      tries == 0 -> false
-      true -> Process.sleep(25) && eventually(fun, tries - 1)
-    end
-  end
-
   test "beyond 24 runs that call back, the rest queue in the node; a run that cannot start within its queue_timeout fails", %{node: node, exes: exes, peers: [_, b]} do
     slow = {:liveness_slow, b.node}
     x = Load.f32(1.0, 4)
     waiting = for _ <- 1..24, do: Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
-    assert eventually(fn -> info(node).runs_running == 24 end)
+    assert Harness.eventually(fn -> info(node).runs_running == 24 end, 5_000, 25)
 
     # Runs without callbacks have places of their own.
     assert Load.request(node.name, {:tiny, exes.tiny}, 7) == :ok
@@ -206,7 +188,7 @@ defmodule XlaNode.LivenessTest do
 
     # Queued, counted in :info, and started once a place frees.
     queued = Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
-    assert eventually(fn -> info(node).runs_queued == 1 end)
+    assert Harness.eventually(fn -> info(node).runs_queued == 1 end, 5_000, 25)
     {bin, _} = x
     expected = Load.plus_one(bin)
     for task <- [queued | waiting], do: assert({:ok, [{^expected, _}]} = Task.await(task, 30_000))
@@ -225,7 +207,7 @@ defmodule XlaNode.LivenessTest do
       spawn(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: silent, callback_timeout: :infinity]}, :infinity) end)
     end
 
-    assert eventually(fn -> match?(%{runs_running: 24, runs_queued: 6}, info(node)) end)
+    assert Harness.eventually(fn -> match?(%{runs_running: 24, runs_queued: 6}, info(node)) end, 5_000, 25)
     assert Harness.stop_node(node, "TERM", 10_000) != :timeout
   end
 end

@@ -37,6 +37,18 @@ defmodule XlaNode.Load do
     serve(delay_ms)
   end
 
+  @doc """
+  `main(callback handle, x: f32[4]) -> f32[4]`, whose result is what the run's callback server
+  answers to one `runtime_call` with `id` (EXLA's custom call, built with `XlaNode.MLIR`).
+  """
+  def callback_program(id) do
+    XlaNode.MLIR.module(fn ->
+      XlaNode.MLIR.function("main", [{{:u, 8}, [8]}, {{:f, 32}, [4]}], fn [cb, x] ->
+        XlaNode.MLIR.runtime_call(cb, id, [x], [{{:f, 32}, [4]}])
+      end)
+    end)
+  end
+
   @doc "Each f32 of `bin` plus one."
   def plus_one(bin), do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>)
 
