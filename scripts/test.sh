@@ -29,6 +29,10 @@ else
     echo "elixir_nx: tests skipped: Nx is not present (set NX_PATH to a local Nx checkout, with COMPLEX_PATH, TELEMETRY_PATH and Elixir >= 1.17, to run them)"
 fi
 
+# Native-kernel fixtures: JAX 0.8.1 (the counterpart), FFI headers from the jaxlib wheels, and the
+# test kernel library built against them.
+scripts/kernels.sh
+
 cd integration
 export MIX_ENV=test XLA_NODE_BIN="$PWD/../target/release/xla_node"
 elixir --sname "xla_itest_$$" --cookie xla_test -S mix test </dev/null

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use xla_node::node::{cookie, Node, NodeConfig};
+use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
 
 /// Large messages allocate and free multi-MiB buffers all the time. glibc hands each one back to
@@ -72,6 +73,20 @@ struct Cli {
     /// BEAM's scheduler busy wait (`erl +sbwt`). 0: never.
     #[arg(long, env = "XLA_NODE_BUSY_WAIT_US", default_value_t = 200)]
     busy_wait_us: u64,
+    /// Loads an XLA FFI kernel before the node accepts connections: the handler exported as
+    /// SYMBOL by the shared library PATH serves `stablehlo.custom_call @TARGET`. Repeatable; any
+    /// failure stops start-up.
+    #[arg(long = "kernel", value_name = "TARGET=PATH:SYMBOL")]
+    kernels: Vec<KernelArg>,
+    /// Lets clients load kernels at run time (`XlaNode.load_kernel/5`) from libraries under DIR
+    /// (repeatable). Without it, run-time loading is refused.
+    #[arg(long = "kernel-dir", value_name = "DIR")]
+    kernel_dirs: Vec<PathBuf>,
+    /// Loads kernels built against a newer XLA FFI than the plugin's by answering their version
+    /// query in their place: safe only for kernels without FFI state. Bare: every kernel;
+    /// `=TARGET` (repeatable): that kernel only.
+    #[arg(long = "kernel-version-shim", value_name = "TARGET", num_args = 0..=1, default_missing_value = "")]
+    kernel_version_shim: Vec<String>,
 }
 
 fn full_name(cli: &Cli) -> anyhow::Result<String> {
@@ -123,6 +138,11 @@ fn main() -> anyhow::Result<()> {
                 callback_spin: Duration::from_micros(cli.callback_spin_us),
                 queue_timeout: (cli.queue_timeout > 0)
                     .then(|| Duration::from_secs(cli.queue_timeout)),
+                kernels: KernelPolicy {
+                    kernels: cli.kernels,
+                    dirs: cli.kernel_dirs,
+                    version_shim: VersionShim::from_flags(&cli.kernel_version_shim),
+                },
             },
         )?;
         node.start_accepting();

@@ -248,6 +248,66 @@ defmodule XlaNode do
   def info(server, opts \\ []), do: call(server, :info, timeout(opts))
 
   @doc """
+  Loads a native kernel on a running node: the XLA FFI handler that the shared library `path`
+  exports as `symbol` then serves `stablehlo.custom_call @target(...)` in every program the node
+  compiles, for every client. See `docs/kernels.md` for writing and building one.
+
+  The node must have been started with `--kernel-dir DIR`, and `path` must lie under such a
+  directory (a relative `path` is taken relative to it); otherwise the load is refused with an
+  error of kind `:kernel_error` that names the flag. Loading the same `target`, `path` and
+  `symbol` again returns `:ok`; a different handler for a target already taken is an error that
+  names the library holding it. A kernel stays loaded until the node stops: XLA cannot unload
+  one.
+
+  Options:
+
+    * `:version_shim` - load a kernel built against a newer XLA FFI than the node's XLA speaks
+      (for instance jaxlib 0.9 headers, FFI 0.3, on an FFI 0.2 node) by answering its version
+      query in its place. Safe only for kernels without FFI state. Default: as the node's
+      `--kernel-version-shim` says (off).
+    * `:timeout` - default `60_000`.
+
+      :ok = XlaNode.load_kernel(node, "my_softplus", "libmy_kernels.so", "MySoftplus")
+      {:error, %XlaNode.Error{kind: :kernel_error, message: message}} =
+        XlaNode.load_kernel(node, "my_op", "libnew.so", "MyOp")
+  """
+  @spec load_kernel(server(), String.t() | atom(), Path.t(), String.t() | atom(), keyword()) ::
+          :ok | error()
+  def load_kernel(server, target, path, symbol, opts \\ []) do
+    {shim, opts} = Keyword.pop(opts, :version_shim)
+
+    with :ok <- check_name(:target, target),
+         :ok <- check_name(:symbol, symbol),
+         :ok <- check_path(path),
+         :ok <- check_shim(shim),
+         :ok <- check_options(opts, [:timeout]) do
+      node_opts = if shim == nil, do: [], else: [version_shim: shim]
+
+      request =
+        {:load_kernel, to_string(target), IO.chardata_to_string(path), to_string(symbol),
+         node_opts}
+
+      case call(server, request, timeout(opts)) do
+        {:ok, :ok} -> :ok
+        {:ok, other} -> {:error, Error.from_reason(other)}
+        {:error, _} = error -> error
+      end
+    end
+  end
+
+  @doc """
+  Like `load_kernel/5` but returns `:ok` or raises `XlaNode.Error`.
+  """
+  @spec load_kernel!(server(), String.t() | atom(), Path.t(), String.t() | atom(), keyword()) ::
+          :ok
+  def load_kernel!(server, target, path, symbol, opts \\ []) do
+    case load_kernel(server, target, path, symbol, opts) do
+      :ok -> :ok
+      {:error, error} -> raise error
+    end
+  end
+
+  @doc """
   The `GenServer` server term a `server` argument stands for.
 
       iex> XlaNode.server(:"xla@host")
@@ -277,6 +337,39 @@ defmodule XlaNode do
       {:error, reason} -> {:error, Error.from_reason(reason)}
       other -> {:ok, other}
     end
+  end
+
+  defp check_name(_what, name) when (is_binary(name) and name != "") or is_atom(name),
+    do: :ok
+
+  defp check_name(what, name),
+    do: argument_error("the kernel #{what} must be a non-empty string, got: #{inspect(name)}")
+
+  defp check_path(path) when is_binary(path) or is_list(path) do
+    if IO.chardata_to_string(path) != "",
+      do: :ok,
+      else: argument_error("the kernel path must not be empty")
+  rescue
+    ArgumentError -> argument_error("the kernel path must be a string, got: #{inspect(path)}")
+  end
+
+  defp check_path(path),
+    do: argument_error("the kernel path must be a string, got: #{inspect(path)}")
+
+  defp check_shim(shim) when shim in [nil, true, false], do: :ok
+
+  defp check_shim(shim),
+    do: argument_error(":version_shim must be a boolean, got: #{inspect(shim)}")
+
+  defp check_options(opts, known) do
+    case Keyword.keys(opts) -- known do
+      [] -> :ok
+      unknown -> argument_error("unknown options #{inspect(unknown)} (known: #{inspect(known)})")
+    end
+  end
+
+  defp argument_error(message) do
+    {:error, %Error{kind: :argument_error, message: message, reason: {:argument_error, message}}}
   end
 
   defp bang({:ok, value}), do: value

@@ -58,6 +58,12 @@ defmodule XlaNodeTest do
 
           {:free, _} ->
             {:error, {:argument_error, "unknown or freed reference"}}
+
+          {:load_kernel, "taken", _, _, _} ->
+            {:error, {:kernel_error, "target taken is already served by /k/lib.so"}}
+
+          {:load_kernel, _, _, _, _} ->
+            :ok
         end
 
       GenServer.reply(from, reply)
@@ -141,6 +147,38 @@ defmodule XlaNodeTest do
     assert {:error, %Error{kind: :argument_error}} = XlaNode.read(s, :nope)
     assert_raise Error, fn -> XlaNode.read!(s, :nope) end
     assert_raise Error, fn -> XlaNode.free!(s, :nope) end
+  end
+
+  test "load_kernel sends strings and the version_shim option; checks its arguments first", %{
+    server: s
+  } do
+    assert :ok = XlaNode.load_kernel(s, :my_op, ~c"lib/k.so", "MyOp")
+    assert_received {:request, {:load_kernel, "my_op", "lib/k.so", "MyOp", []}}
+    assert :ok = XlaNode.load_kernel!(s, "my_op", "k.so", :MyOp, version_shim: true)
+    assert_received {:request, {:load_kernel, "my_op", "k.so", "MyOp", [version_shim: true]}}
+
+    assert {:error, %Error{kind: :kernel_error, message: "target taken" <> _}} =
+             XlaNode.load_kernel(s, "taken", "k.so", "MyOp")
+
+    assert_raise Error, ~r/kernel_error/, fn -> XlaNode.load_kernel!(s, "taken", "k.so", "S") end
+    assert_received {:request, {:load_kernel, "taken", _, "MyOp", _}}
+    assert_received {:request, {:load_kernel, "taken", _, "S", _}}
+
+    for {args, message} <- [
+          {["", "k.so", "S"], "target must be a non-empty string"},
+          {["t", "", "S"], "path must not be empty"},
+          {["t", 42, "S"], "path must be a string"},
+          {["t", "k.so", 7], "symbol must be a non-empty string"},
+          {["t", "k.so", "S", [version_shim: 1]], ":version_shim must be a boolean"},
+          {["t", "k.so", "S", [shim: true]], "unknown options [:shim]"}
+        ] do
+      assert {:error, %Error{kind: :argument_error, message: got}} =
+               apply(XlaNode, :load_kernel, [s | args])
+
+      assert got =~ message
+    end
+
+    refute_received {:request, _}
   end
 
   test "a dead server gives :noproc instead of exiting" do

@@ -36,6 +36,8 @@ pub struct Compute {
     pub queue_timeout: Option<Duration>,
     /// Runs finished, and how many of them failed.
     pub runs: Arc<(AtomicU64, AtomicU64)>,
+    /// The operator's kernel settings (`--kernel-dir`, `--kernel-version-shim`).
+    pub kernels: Arc<super::kernels::KernelPolicy>,
 }
 
 /// A run argument: a tensor from the request, or a buffer already on the device.
@@ -50,6 +52,21 @@ struct RunOptions {
     callback_server: Option<Dest>,
     callback_timeout: Duration,
     queue_timeout: Option<Duration>,
+}
+
+/// A compile error about a custom-call target XLA has no handler for also lists the kernels
+/// that are loaded: the usual cause is a kernel that was never loaded, or loaded under another
+/// name.
+fn with_kernels(error: XlaError) -> XlaError {
+    match error {
+        XlaError::Compile(message) if message.contains("No FFI handler registered for") => {
+            XlaError::Compile(format!(
+                "{message}. {}",
+                crate::xla::describe_loaded_kernels()
+            ))
+        }
+        other => other,
+    }
 }
 
 /// Checks a run's arguments against the executable's parameters (count, dtype, dims, byte size),
@@ -93,7 +110,7 @@ fn check_arguments(exe: &Executable, args: &[Arg], opts: &RunOptions) -> Result<
 }
 
 impl Compute {
-    fn reply(&self, from: &From, reply: Term) {
+    pub(super) fn reply(&self, from: &From, reply: Term) {
         gen::reply_from(&self.node, &self.server, from, reply);
     }
 
@@ -141,7 +158,10 @@ impl Compute {
                 let exe = Resource::Executable(Arc::new(program));
                 Term::from(this.register(exe, &from.pid))
             });
-            this.reply_ok(&from, compiled.map_err(RequestError::from));
+            this.reply_ok(
+                &from,
+                compiled.map_err(|e| RequestError::from(with_kernels(e))),
+            );
         }));
     }
 
@@ -383,6 +403,7 @@ impl Compute {
                 int(self.runs.1.load(Ordering::Relaxed) as i64),
             ),
             ("callbacks", self.callback_info()),
+            ("kernels", super::kernels::info()),
         ]
     }
 

@@ -7,6 +7,7 @@
 //! `schedule.rs` for where work executes and why, `watchdog.rs` for the check that it holds).
 
 mod compute;
+pub mod kernels;
 pub mod request;
 mod resources;
 pub mod schedule;
@@ -33,6 +34,8 @@ pub struct ServerConfig {
     pub callback_spin: Duration,
     /// How long a run may wait for a place to execute (`None`: no limit) unless it says otherwise.
     pub queue_timeout: Option<Duration>,
+    /// Kernels to load now, and what run-time loads may do.
+    pub kernels: kernels::KernelPolicy,
 }
 
 /// Where `scripts/setup.sh` installs the CPU plugin.
@@ -83,7 +86,7 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Loads the plugin, installs the callback targets and starts `:xla` and `net_kernel`.
+/// Loads the plugin, installs the callback targets, loads the start-up kernels and starts `:xla` and `net_kernel`.
 pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let client = Client::from_plugin(&config.plugin)
         .map_err(|e| anyhow::anyhow!("cannot load PJRT plugin {}: {e}", config.plugin.display()))?;
@@ -95,6 +98,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         config.callback_spin,
     )
     .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
+    kernels::load_at_start(&client, &config.kernels)?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
     let executor = Executor::new(client);
@@ -117,6 +121,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         scheduler,
         queue_timeout: config.queue_timeout,
         runs: Arc::default(),
+        kernels: Arc::new(config.kernels),
     };
     Ok(ServerHandle {
         tasks: vec![
@@ -190,6 +195,7 @@ fn handle_call(process: &Process, compute: &Compute, from: From, request: Term) 
         Ok(Request::ToDevice(tensor)) => return compute.to_device(from, tensor),
         Ok(Request::Read(buffer)) => return compute.read(from, buffer),
         Ok(Request::Free(reference)) => return compute.free(from, reference),
+        Ok(Request::LoadKernel(request)) => return compute.load_kernel(from, request),
         Err(e) => e.to_reply(),
     };
     gen::reply(process, &from, reply);

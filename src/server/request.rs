@@ -6,6 +6,7 @@
 //!
 //! Adding a request means a variant here, an arm in [`Request::parse`], and a handler.
 
+use super::kernels::LoadKernelRequest;
 use crate::node::term::{as_atom, as_i64, as_list, as_tuple, error_kind};
 use crate::node::Dest;
 use crate::tensor_term::parse_tensor;
@@ -34,6 +35,8 @@ pub enum Request {
     Free(Reference),
     /// `:spawn_echo`.
     SpawnEcho,
+    /// `{:load_kernel, target, path, symbol}` / `{:load_kernel, target, path, symbol, opts}`.
+    LoadKernel(LoadKernelRequest),
 }
 
 /// `{:run, exe, args, opts}`, parsed.
@@ -76,6 +79,9 @@ pub enum RequestError {
     /// A run that waited longer than its `queue_timeout` for a place (`:timeout`).
     #[error("{0}")]
     Timeout(String),
+    /// A kernel that could not be loaded, or a load the node does not allow (`:kernel_error`).
+    #[error("{0}")]
+    Kernel(String),
 }
 
 impl RequestError {
@@ -87,6 +93,7 @@ impl RequestError {
             RequestError::Xla(XlaError::Argument(_)) => "argument_error",
             RequestError::Xla(XlaError::Runtime(_) | XlaError::Plugin(_)) => "runtime_error",
             RequestError::Timeout(_) => "timeout",
+            RequestError::Kernel(_) => "kernel_error",
         }
     }
 
@@ -166,8 +173,56 @@ impl Request {
                 [_, Term::Reference(r)] => Ok(Request::Free(*r)),
                 [_, other] => Err(argument(format!("unknown or freed reference {other}"))),
             },
+            ("load_kernel", 5 | 6) => {
+                let mut e = elements.into_iter().skip(1);
+                let mut text = |what: &str| {
+                    let term = e.next().expect("arity checked");
+                    string(&term).ok_or_else(|| {
+                        argument(format!(
+                            "load_kernel: the {what} must be a string, got {term}"
+                        ))
+                    })
+                };
+                let (target, path, symbol) = (text("target")?, text("path")?, text("symbol")?);
+                let mut version_shim = None;
+                if let Some(opts) = e.next() {
+                    for (key, value) in keywords(&opts)? {
+                        match (key.as_str(), as_atom(&value)) {
+                            ("version_shim", Some(b @ ("true" | "false"))) => {
+                                version_shim = Some(b == "true")
+                            }
+                            ("version_shim", _) => {
+                                return Err(argument(format!(
+                                    "version_shim must be a boolean, got {value}"
+                                )))
+                            }
+                            (other, _) => {
+                                return Err(argument(format!(
+                                    "unknown load_kernel option {other} (supported: version_shim)"
+                                )))
+                            }
+                        }
+                    }
+                }
+                Ok(Request::LoadKernel(LoadKernelRequest {
+                    target,
+                    path: path.into(),
+                    symbol,
+                    version_shim,
+                }))
+            }
             _ => Err(unknown(&Term::from(eetf::Tuple::from(elements)))),
         }
+    }
+}
+
+/// A string given as a binary, an atom or a charlist.
+fn string(term: &Term) -> Option<String> {
+    match term {
+        Term::Binary(b) => String::from_utf8(b.bytes.clone()).ok(),
+        Term::Atom(a) => Some(a.name.clone()),
+        Term::ByteList(b) => String::from_utf8(b.bytes.clone()).ok(),
+        _ => None,
     }
 }
 

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::client::Client;
@@ -45,6 +46,25 @@ static SLOTS: [RwLock<Option<HostHandler>>; MAX_HANDLERS] =
 /// target name → slot index (process-wide, like XLA's own registry), and the
 /// next unused slot (slots are never reused: XLA may keep a registration).
 static REGISTRY: Mutex<Option<(HashMap<String, usize>, usize)>> = Mutex::new(None);
+
+/// The plugin's `XLA_FFI_Api` table, as seen in the first metadata query (XLA passes it in every
+/// call frame; it is static data of the plugin). Loading kernels needs it: its
+/// `XLA_FFI_Handler_Register` reports registration errors that the PJRT extension swallows.
+static FFI_API: AtomicPtr<XLA_FFI_Api> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The plugin's FFI API table, once any host handler has been registered.
+pub(crate) fn ffi_api() -> Option<&'static XLA_FFI_Api> {
+    let api = FFI_API.load(Ordering::Acquire);
+    // SAFETY: only ever set to the `api` pointer of a call frame, which is the plugin's static
+    // table; the plugin stays loaded for the life of the process.
+    unsafe { api.as_ref() }
+}
+
+/// Whether `target` is served by one of this process's host handlers.
+pub(crate) fn is_host_target(target: &str) -> bool {
+    let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    reg.as_ref().is_some_and(|(r, _)| r.contains_key(target))
+}
 
 macro_rules! trampolines {
     ($($name:ident = $idx:expr),* $(,)?) => {
@@ -89,6 +109,9 @@ unsafe fn dispatch(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_E
     }
     // SAFETY: non-null frame provided by XLA.
     let f = unsafe { &*frame };
+    if !f.api.is_null() && FFI_API.load(Ordering::Relaxed).is_null() {
+        FFI_API.store(f.api as *mut XLA_FFI_Api, Ordering::Release);
+    }
     // 1. Metadata query: answer the supported FFI API version.
     let mut ext = f.extension_start;
     while !ext.is_null() {
@@ -254,7 +277,7 @@ fn find_ffi_extension(client: &Client) -> Result<*const PJRT_FFI_Extension, XlaE
     Err(XlaError::Plugin("PJRT plugin has no FFI extension".into()))
 }
 
-fn verify_registration(client: &Client, target: &str) -> Result<(), XlaError> {
+pub(crate) fn verify_registration(client: &Client, target: &str) -> Result<(), XlaError> {
     let module = format!(
         "func.func @main(%x: tensor<1xui8>) -> tensor<1xui8> {{\n  \
          %0 = stablehlo.custom_call @\"{target}\"(%x) {{api_version = 4 : i32, has_side_effect = true}} : (tensor<1xui8>) -> tensor<1xui8>\n  \

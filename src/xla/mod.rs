@@ -2,9 +2,9 @@
 //!
 //! This is the only part of the crate that contains `unsafe` code: the raw C
 //! bindings (`sys`) and the thin safe wrappers around them (`client`,
-//! `buffer`, `executable`, `ffi`). `executor` builds the node-facing service
+//! `buffer`, `executable`, `ffi`, `kernel`). `executor` builds the node-facing service
 //! (compile cache, worker pool) on the safe API only. The compiler enforces
-//! it: the crate denies `unsafe_code` and only those five files allow it.
+//! it: the crate denies `unsafe_code` and only those six files allow it.
 
 mod buffer;
 mod client;
@@ -13,6 +13,7 @@ mod error;
 mod executable;
 mod executor;
 pub mod ffi;
+mod kernel;
 mod signature;
 mod sys;
 
@@ -23,6 +24,10 @@ pub use error::XlaError;
 pub use executable::{CompileOptions, Executable, HostTensor, Input, ParameterSource};
 pub use executor::{Executor, ExecutorConfig, ExecutorStats, Job};
 pub use ffi::{register_host_handler, Attr, CallFrame, HostHandler, TensorMut, TensorRef};
+pub use kernel::{
+    describe_loaded_kernels, load_kernel, loaded_kernels, KernelError, KernelSpec, Loaded,
+    LoadedKernel,
+};
 pub use signature::{mlir_main_parameters, parse_tensor_type};
 
 use std::path::PathBuf;

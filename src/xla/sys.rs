@@ -526,12 +526,20 @@ pub struct XLA_FFI_Api_Version {
     pub minor_version: c_int,
 }
 
-/// `XLA_FFI_Metadata`.
+/// `XLA_FFI_Metadata`. `struct_size` covers fields up to `traits`; handlers of stateful kernels
+/// also write `state_type_id` (an `XLA_FFI_TypeId`, 0 for none).
 #[repr(C)]
 pub struct XLA_FFI_Metadata {
     pub struct_size: usize,
     pub api_version: XLA_FFI_Api_Version,
     pub traits: u32,
+    pub state_type_id: i64,
+}
+impl XLA_FFI_Metadata {
+    pub const SIZE: usize = offset_of!(XLA_FFI_Metadata, traits) + size_of::<u32>();
+}
+impl XLA_FFI_Api_Version {
+    pub const SIZE: usize = offset_of!(XLA_FFI_Api_Version, minor_version) + size_of::<c_int>();
 }
 
 /// `XLA_FFI_Metadata_Extension`.
@@ -561,7 +569,57 @@ pub struct XLA_FFI_Error {
 pub type XLA_FFI_Error_Create =
     unsafe extern "C" fn(*mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error;
 
-/// Prefix of `XLA_FFI_Api` up to `XLA_FFI_Error_Create` (all we use).
+/// `XLA_FFI_Error_GetMessage_Args`.
+#[repr(C)]
+pub struct XLA_FFI_Error_GetMessage_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub error: *mut XLA_FFI_Error,
+    pub message: *const c_char,
+}
+impl XLA_FFI_Error_GetMessage_Args {
+    pub const SIZE: usize = size_of::<XLA_FFI_Error_GetMessage_Args>();
+}
+pub type XLA_FFI_Error_GetMessage = unsafe extern "C" fn(*mut XLA_FFI_Error_GetMessage_Args);
+
+/// `XLA_FFI_Error_Destroy_Args`.
+#[repr(C)]
+pub struct XLA_FFI_Error_Destroy_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub error: *mut XLA_FFI_Error,
+}
+impl XLA_FFI_Error_Destroy_Args {
+    pub const SIZE: usize = size_of::<XLA_FFI_Error_Destroy_Args>();
+}
+pub type XLA_FFI_Error_Destroy = unsafe extern "C" fn(*mut XLA_FFI_Error_Destroy_Args);
+
+/// `XLA_FFI_Handler_Bundle`: one handler per execution stage; only `execute` is required.
+#[repr(C)]
+pub struct XLA_FFI_Handler_Bundle {
+    pub instantiate: Option<XLA_FFI_Handler>,
+    pub prepare: Option<XLA_FFI_Handler>,
+    pub initialize: Option<XLA_FFI_Handler>,
+    pub execute: Option<XLA_FFI_Handler>,
+}
+
+/// `XLA_FFI_Handler_Register_Args`.
+#[repr(C)]
+pub struct XLA_FFI_Handler_Register_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub name: XLA_FFI_ByteSpan,
+    pub platform: XLA_FFI_ByteSpan,
+    pub bundle: XLA_FFI_Handler_Bundle,
+    pub traits: u32,
+}
+impl XLA_FFI_Handler_Register_Args {
+    pub const SIZE: usize = offset_of!(XLA_FFI_Handler_Register_Args, traits) + size_of::<u32>();
+}
+pub type XLA_FFI_Handler_Register =
+    unsafe extern "C" fn(*mut XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error;
+
+/// Prefix of `XLA_FFI_Api` up to `XLA_FFI_Handler_Register` (all we use).
 #[repr(C)]
 pub struct XLA_FFI_Api {
     pub struct_size: usize,
@@ -569,6 +627,9 @@ pub struct XLA_FFI_Api {
     pub api_version: XLA_FFI_Api_Version,
     pub internal_api: *mut c_void,
     pub XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
+    pub XLA_FFI_Error_GetMessage: Option<XLA_FFI_Error_GetMessage>,
+    pub XLA_FFI_Error_Destroy: Option<XLA_FFI_Error_Destroy>,
+    pub XLA_FFI_Handler_Register: Option<XLA_FFI_Handler_Register>,
 }
 
 pub const XLA_FFI_ERROR_CODE_UNKNOWN: u32 = 2;
@@ -649,6 +710,11 @@ pub struct XLA_FFI_CallFrame {
     pub future: *mut c_void,
 }
 
+impl XLA_FFI_CallFrame {
+    /// `XLA_FFI_CallFrame_STRUCT_SIZE`: up to `attrs` (handlers check it exactly).
+    pub const SIZE: usize = offset_of!(XLA_FFI_CallFrame, attrs) + size_of::<XLA_FFI_Attrs>();
+}
+
 /// `XLA_FFI_Handler`.
 pub type XLA_FFI_Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
@@ -675,6 +741,13 @@ mod tests {
         assert_eq!(PJRT_FFI_Register_Handler_Args::SIZE, 0x34);
         assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Error_Create), 0x30);
         assert_eq!(offset_of!(XLA_FFI_Metadata_Extension, metadata), 0x18);
+        assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Handler_Register), 0x48);
+        assert_eq!(XLA_FFI_Metadata::SIZE, 36);
+        assert_eq!(XLA_FFI_CallFrame::SIZE, 168);
+        assert_eq!(offset_of!(XLA_FFI_Metadata, state_type_id), 40);
+        assert_eq!(XLA_FFI_Handler_Register_Args::SIZE, 84);
+        assert_eq!(XLA_FFI_Error_GetMessage_Args::SIZE, 32);
+        assert_eq!(XLA_FFI_Error_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Error_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Error_Message_Args::SIZE, 40);
         assert_eq!(PJRT_Error_GetCode_Args::SIZE, 28);

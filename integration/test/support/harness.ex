@@ -68,6 +68,12 @@ defmodule XlaNode.Harness do
 
   defp project_dir, do: Path.expand("../..", __DIR__)
 
+  @doc "Where `scripts/kernels.sh` installs JAX (for PYTHONPATH)."
+  def jax_path do
+    base = System.get_env("XDG_DATA_HOME") || Path.join(System.user_home() || "/nonexistent", ".local/share")
+    Path.join(base, "xla_node/jax")
+  end
+
   @doc "A fresh node/peer name (no host part)."
   def unique_name(prefix \\ "xla_t"), do: "#{prefix}#{System.unique_integer([:positive])}"
 
