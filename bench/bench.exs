@@ -185,3 +185,91 @@ if parts in ["all", "callbacks"] do
     "median run: #{Bench.us(Bench.median(samples))}; callback payload throughput (16 MiB out + 16 MiB back, including the request and reply legs of the run): #{Float.round(32 / (Bench.median(samples) / 1_000_000), 1)} MiB/s"
   ])
 end
+
+if parts in ["all", "kernels"] do
+  # The identical program on both sides: JAX lowers fori_loop(0, n, xn_increment) and writes the
+  # module, which the node then runs; both call the same kernel library. A JAX process serves
+  # timed runs one at a time, so that JAX's runs and the node's alternate one by one and machine
+  # noise (which here shifts over seconds) hits both alike.
+  library = System.fetch_env!("XLA_NODE_BENCH_KERNELS")
+
+  kernel_loop = fn iterations, pairs ->
+    module_file = Path.join(System.tmp_dir!(), "xla_node_bench_kernel_loop_#{System.os_time()}.mlir")
+
+    jax =
+      Port.open({:spawn_executable, System.find_executable("python3")}, [
+        :binary,
+        {:line, 1024},
+        args: ["bench/kernels_jax.py", "--library", library, "--iterations", "#{iterations}", "--module-out", module_file, "--serve"],
+        env: [{~c"PYTHONPATH", String.to_charlist(System.fetch_env!("XLA_NODE_BENCH_JAX"))}]
+      ])
+
+    jax_line = fn ->
+      receive do
+        {^jax, {:data, {:eol, line}}} -> line
+      after
+        120_000 -> raise "bench/kernels_jax.py did not answer"
+      end
+    end
+
+    "ready" = jax_line.()
+    jax_run = fn -> Port.command(jax, "time\n"); String.to_float(jax_line.()) end
+    {:ok, exe} = GenServer.call({:xla, xla}, {:compile, File.read!(module_file)})
+    File.rm(module_file)
+    x = {<<0.0::float-32-little>>, {{:f, 32}, []}}
+    expected = {<<iterations * 1.0::float-32-little>>, {{:f, 32}, []}}
+    node_run = fn -> Bench.time(fn -> {:ok, [^expected]} = GenServer.call({:xla, xla}, {:run, exe, [x]}, 60_000) end) end
+    for _ <- 1..10, do: {jax_run.(), node_run.()}
+    samples = for _ <- 1..pairs, do: {jax_run.(), node_run.()}
+    Port.close(jax)
+    GenServer.call({:xla, xla}, {:free, exe})
+
+    %{
+      jax: Bench.median(Enum.map(samples, &elem(&1, 0))),
+      node: Bench.median(Enum.map(samples, &elem(&1, 1))),
+      pair_ratio: Bench.median(Enum.map(samples, fn {j, n} -> n / j end))
+    }
+  end
+
+  loops = for n <- [10_000, 100_000], do: {n, kernel_loop.(n, if(n > 10_000, do: 50, else: 200))}
+
+  one_call = """
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %y = stablehlo.custom_call @xn_increment(%x) {api_version = 4 : i32, backend_config = {}} : (tensor<4xf32>) -> tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+  """
+
+  no_call = """
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+    %y = stablehlo.add %x, %one : tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+  """
+
+  {:ok, call_exe} = GenServer.call({:xla, xla}, {:compile, one_call})
+  {:ok, plain_exe} = GenServer.call({:xla, xla}, {:compile, no_call})
+  x4 = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  with_call = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, call_exe, [x4]}) end
+  without_call = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, plain_exe, [x4]}) end
+  for _ <- 1..2000, do: {with_call.(), without_call.()}
+  s = Bench.interleave([with: with_call, without: without_call], 10, 1000)
+  fixed = Bench.median(s.without)
+
+  rows =
+    Enum.flat_map(loops, fn {n, r} ->
+      [
+        "fori_loop of #{n} kernel calls (JAX's module on the node; runs alternating with JAX's), per iteration:",
+        "  xla_node: #{Float.round(r.node / n, 4)} us   JAX: #{Float.round(r.jax / n, 4)} us   ratio #{Float.round(r.node / r.jax, 3)} (median of pair ratios #{Float.round(r.pair_ratio, 3)})#{if n == 10_000, do: "  (target <= 1.1)", else: ""}",
+        "  xla_node less the fixed cost of a run from another node (the x + 1 run below): #{Float.round((r.node - fixed) / n, 4)} us, ratio #{Float.round((r.node - fixed) / r.jax, 3)}"
+      ]
+    end)
+
+  Bench.report("native kernel xn_increment (the same library in JAX 0.8.1 and on the node)", rows ++ [
+    "one run of x + 1 on f32[4] from a BEAM node (10,000 each, interleaved):",
+    "  as one kernel call:  median #{Bench.us(Bench.median(s.with))}",
+    "  as stablehlo.add:    median #{Bench.us(fixed)}",
+    "  ratio with/without the kernel: #{Float.round(Bench.median(s.with) / fixed, 3)}"
+  ])
+end

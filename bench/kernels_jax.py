@@ -4,10 +4,12 @@ Runs f(x) = fori_loop(0, iterations, v -> xn_increment(v), x) on an f32
 scalar, where xn_increment is the XLA FFI handler from the kernel library
 built by scripts/kernels.sh (or, with --no-kernel, v -> v + 1). Writes the
 lowered module to --module-out so the node can run the identical program, and
-prints one JSON line with the median timings.
+prints one JSON line with the median timings. With --serve it instead times one
+run per line read from stdin and answers each with the run's microseconds, so
+that a benchmark can interleave JAX's runs with another runner's one by one.
 
 Usage: PYTHONPATH=$JAX_DIR python3 bench/kernels_jax.py --library PATH \
-           [--iterations 10000] [--repeats 20] [--module-out FILE] [--no-kernel]
+           [--iterations 10000] [--repeats 20] [--module-out FILE] [--no-kernel] [--serve]
 """
 
 import argparse
@@ -32,6 +34,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--module-out", help="where to write the lowered StableHLO")
     parser.add_argument("--no-kernel", action="store_true", help="loop body v + 1, no FFI call")
+    parser.add_argument("--serve", action="store_true",
+                        help="time one run per line of stdin, answering with its microseconds")
     args = parser.parse_args()
     if not 0 <= args.iterations <= 2**24:
         parser.error("--iterations must be in [0, 2**24] (exact in f32)")
@@ -59,6 +63,13 @@ def main():
             fh.write(jitted.lower(x).as_text())
 
     result = jitted(x).block_until_ready()  # compile and warm up
+    if args.serve:
+        print("ready", flush=True)
+        for _ in sys.stdin:
+            start = time.perf_counter()
+            jitted(x).block_until_ready()
+            print(f"{(time.perf_counter() - start) * 1e6:.1f}", flush=True)
+        return 0
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()

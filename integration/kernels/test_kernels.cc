@@ -3,6 +3,7 @@
 // the FFI 0.2 and 0.3 headers; the node loads those libraries, and JAX loads
 // them for cross-checks. Every error a handler produces names the handler.
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -204,6 +205,9 @@ ffi::Error Increment(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// Crashes the process, as a buggy kernel would.
+ffi::Error Abort(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer>) { std::abort(); }
+
 #undef XN_CHECK
 #undef XN_TRY
 
@@ -236,6 +240,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(xn_fail, AlwaysFail,
                                   .Attr<std::string_view>("message"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(xn_increment, Increment,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(xn_abort, Abort,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());

@@ -338,6 +338,25 @@ defmodule XlaNode.KernelsTest do
     end
   end
 
+  test "a kernel that crashes takes the node down, not the BEAM nodes calling it" do
+    node = Harness.start_node(args: kernel_args(@ffi02, ~w(xn_abort xn_increment)))
+    peer = Harness.start_peer()
+    assert :pong = Harness.peer_call(peer, XlaNode, :ping, [node.name])
+
+    crash =
+      M.module(fn ->
+        M.function("main", [{{:f, 32}, [1]}], fn [x] -> M.custom_call("xn_abort", [x], [{{:f, 32}, [1]}]) end)
+      end)
+
+    exe = XlaNode.compile!(node.name, crash)
+    assert {:error, %XlaNode.Error{kind: :nodedown}} = XlaNode.run(node.name, exe, [f32([1.0])])
+    Harness.eventually(fn -> not Harness.os_alive?(node) end)
+
+    # Another BEAM node that was connected to it carries on, and sees the node gone.
+    refute node.name in Harness.peer_call(peer, :erlang, :nodes, [:hidden])
+    assert {:error, %XlaNode.Error{kind: :nodedown}} = Harness.peer_call(peer, XlaNode, :ping, [node.name])
+  end
+
   test "without --kernel-dir, run-time loading is refused with a message naming the flag" do
     node = Harness.start_node()
 
