@@ -48,5 +48,9 @@ fn main() {
         })
         .collect();
     times.sort();
-    println!("{file}: median {} us over {} runs", times[times.len() / 2], times.len());
+    println!(
+        "{file}: median {} us over {} runs",
+        times[times.len() / 2],
+        times.len()
+    );
 }
