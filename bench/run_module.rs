@@ -1,6 +1,6 @@
-//! Times one StableHLO module run through the CPU plugin in this process, without the network:
-//! `cargo run --release --example run_module -- FILE [--kernel TARGET=PATH:SYMBOL]... [--runs N]`.
-//! The module's parameters get zero-filled arguments. Against `bench/run.sh kernels`, it tells
+//! Times StableHLO modules run through the CPU plugin in this process, without the network:
+//! `cargo run --release --example run_module -- FILE... [--kernel TARGET=PATH:SYMBOL]... [--runs N]`.
+//! The modules' parameters get zero-filled arguments; with several files, their runs alternate. Against `bench/run.sh kernels`, it tells
 //! how much of a run's time is XLA itself and how much is the node and the network around it.
 use std::time::Instant;
 use xla_node::server::kernels::KernelArg;
@@ -10,15 +10,18 @@ use xla_node::xla::{
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let (mut file, mut kernels, mut runs) = (None, Vec::new(), 21usize);
+    let (mut files, mut kernels, mut runs) = (Vec::new(), Vec::new(), 21usize);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--kernel" => kernels.push(args.next().expect("--kernel TARGET=PATH:SYMBOL")),
             "--runs" => runs = args.next().and_then(|n| n.parse().ok()).expect("--runs N"),
-            _ => file = Some(arg),
+            _ => files.push(arg),
         }
     }
-    let file = file.expect("usage: run_module FILE [--kernel TARGET=PATH:SYMBOL]... [--runs N]");
+    assert!(
+        !files.is_empty(),
+        "usage: run_module FILE... [--kernel TARGET=PATH:SYMBOL]... [--runs N]"
+    );
     let client = Client::from_plugin(plugin_path_from_env()).expect("plugin");
     for k in kernels {
         let k: KernelArg = k.parse().expect("--kernel");
@@ -30,27 +33,36 @@ fn main() {
         };
         load_kernel(&client, &spec).expect("kernel");
     }
-    let text = std::fs::read(&file).expect("module file");
-    let exe = client.compile(&text).expect("compile");
-    let params = mlir_main_parameters(&String::from_utf8_lossy(&text)).expect("parameters");
-    let inputs: Vec<HostTensor> = params
+    let programs: Vec<_> = files
         .iter()
-        .map(|p| HostTensor::new(p.dtype, p.dims.clone(), vec![0; p.byte_size()]))
+        .map(|file| {
+            let text = std::fs::read(file).expect("module file");
+            let exe = client.compile(&text).expect("compile");
+            let params = mlir_main_parameters(&String::from_utf8_lossy(&text)).expect("parameters");
+            let inputs: Vec<HostTensor> = params
+                .iter()
+                .map(|p| HostTensor::new(p.dtype, p.dims.clone(), vec![0; p.byte_size()]))
+                .collect();
+            (exe, inputs)
+        })
         .collect();
-    let mut times: Vec<u128> = (0..runs.max(1))
-        .map(|_| {
+    let mut times = vec![Vec::new(); files.len()];
+    for _ in 0..runs.max(1) {
+        for ((exe, inputs), times) in programs.iter().zip(&mut times) {
             let start = Instant::now();
             let args: Vec<Input<'_>> = inputs.iter().map(Input::Host).collect();
             for out in exe.run(&args).expect("run") {
                 out.to_host().expect("read");
             }
-            start.elapsed().as_micros()
-        })
-        .collect();
-    times.sort();
-    println!(
-        "{file}: median {} us over {} runs",
-        times[times.len() / 2],
-        times.len()
-    );
+            times.push(start.elapsed().as_micros());
+        }
+    }
+    for (file, mut times) in files.iter().zip(times) {
+        times.sort();
+        println!(
+            "{file}: median {} us over {} runs",
+            times[times.len() / 2],
+            times.len()
+        );
+    }
 }
