@@ -20,6 +20,7 @@
 #![allow(unsafe_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use super::client::Client;
@@ -72,6 +73,9 @@ pub const MAX_SHIMMED: usize = 16;
 
 static KERNELS: Mutex<Vec<LoadedKernel>> = Mutex::new(Vec::new());
 static SHIMMED: [OnceLock<XLA_FFI_Handler>; MAX_SHIMMED] = [const { OnceLock::new() }; MAX_SHIMMED];
+/// The next unused shim slot. Slots are never reused, even after a failed load: XLA may hold on
+/// to a trampoline it was given.
+static NEXT_SHIM_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 /// The kernels loaded in this process, in load order.
 pub fn loaded_kernels() -> Vec<LoadedKernel> {
@@ -165,13 +169,13 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
         ));
     }
     let registered = if shimmed {
-        let slot = kernels.iter().filter(|k| k.shimmed).count();
+        let slot = NEXT_SHIM_SLOT.fetch_add(1, Ordering::Relaxed);
         if slot >= MAX_SHIMMED {
             return Err(fail(format!(
                 "at most {MAX_SHIMMED} kernels can be loaded with the version shim"
             )));
         }
-        // Each slot is set once, here, under the KERNELS lock, and never reused.
+        // A fresh slot: this is its only `set`.
         let _ = SHIMMED[slot].set(handler);
         SHIM_TRAMPOLINES[slot]
     } else {
@@ -185,9 +189,9 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
         if shimmed { 0 } else { metadata.traits },
     )
     .map_err(fail)?;
-    ffi::verify_registration(client, &spec.target).map_err(|e| fail(e.message().to_string()))?;
-    // XLA keeps the handler for the life of the process: so must the library.
+    // XLA keeps the handler for the life of the process from here on: so must the library.
     std::mem::forget(lib);
+    ffi::verify_registration(client, &spec.target).map_err(|e| fail(e.message().to_string()))?;
     let loaded = LoadedKernel {
         target: spec.target.clone(),
         library,
