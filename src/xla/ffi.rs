@@ -23,7 +23,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::{c_int, c_void, CString};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -66,20 +66,25 @@ pub(crate) fn is_host_target(target: &str) -> bool {
     reg.as_ref().is_some_and(|(r, _)| r.contains_key(target))
 }
 
-macro_rules! trampolines {
-    ($($name:ident = $idx:expr),* $(,)?) => {
+/// Defines `count` static `XLA_FFI_Handler`s in the array `$array`, the i-th calling
+/// `$body(i, frame)`. An XLA handler is a bare function pointer with no user data, so each slot
+/// of a handler table needs a function of its own.
+macro_rules! slot_trampolines {
+    ($array:ident: $count:expr, $body:ident; $($name:ident = $idx:expr),* $(,)?) => {
         $(
             unsafe extern "C" fn $name(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
-                // SAFETY: XLA calls handlers with a valid call frame (or null,
-                // which `dispatch` tolerates).
-                unsafe { dispatch($idx, frame) }
+                // SAFETY: XLA calls handlers with a valid call frame (or null, which the body
+                // tolerates).
+                unsafe { $body($idx, frame) }
             }
         )*
-        static TRAMPOLINES: [XLA_FFI_Handler; MAX_HANDLERS] = [$($name),*];
+        static $array: [XLA_FFI_Handler; $count] = [$($name),*];
     };
 }
+pub(super) use slot_trampolines;
 
-trampolines!(
+slot_trampolines!(
+    TRAMPOLINES: MAX_HANDLERS, dispatch;
     t0 = 0,
     t1 = 1,
     t2 = 2,
@@ -113,25 +118,9 @@ unsafe fn dispatch(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_E
         FFI_API.store(f.api as *mut XLA_FFI_Api, Ordering::Release);
     }
     // 1. Metadata query: answer the supported FFI API version.
-    let mut ext = f.extension_start;
-    while !ext.is_null() {
-        // SAFETY: extension chain entries are valid while the frame is.
-        let e = unsafe { &*ext };
-        if e.type_ == XLA_FFI_EXTENSION_METADATA {
-            // SAFETY: an extension of type Metadata is an
-            // `XLA_FFI_Metadata_Extension` whose `metadata` points to a
-            // writable `XLA_FFI_Metadata`.
-            unsafe {
-                let m = &*(ext as *const XLA_FFI_Metadata_Extension);
-                if !m.metadata.is_null() {
-                    (*m.metadata).api_version.major_version = 0;
-                    (*m.metadata).api_version.minor_version = 1;
-                    (*m.metadata).traits = 0;
-                }
-            }
-            return std::ptr::null_mut();
-        }
-        ext = e.next;
+    // SAFETY: the frame is valid (see above).
+    if unsafe { answer_metadata_query(f, (0, 1)) } {
+        return std::ptr::null_mut();
     }
     // 2. Only the execute stage does work.
     if f.stage != XLA_FFI_STAGE_EXECUTE {
@@ -166,6 +155,34 @@ unsafe fn dispatch(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_E
             unsafe { make_error(f, &msg) }
         }
     }
+}
+
+/// If `f` is XLA's metadata query (a frame carrying a Metadata extension), answers it with FFI
+/// API version `(major, minor)`, no traits and no state, and returns true.
+///
+/// # Safety
+/// `f` must be a valid call frame, as XLA passes to handlers.
+pub(super) unsafe fn answer_metadata_query(f: &XLA_FFI_CallFrame, version: (c_int, c_int)) -> bool {
+    let mut ext = f.extension_start;
+    while !ext.is_null() {
+        // SAFETY: extension chain entries are valid while the frame is.
+        let e = unsafe { &*ext };
+        if e.type_ == XLA_FFI_EXTENSION_METADATA {
+            // SAFETY: an extension of type Metadata is an `XLA_FFI_Metadata_Extension` whose
+            // `metadata` points to a writable `XLA_FFI_Metadata` (up to `traits`).
+            unsafe {
+                let m = &*(ext as *const XLA_FFI_Metadata_Extension);
+                if !m.metadata.is_null() {
+                    (*m.metadata).api_version.major_version = version.0;
+                    (*m.metadata).api_version.minor_version = version.1;
+                    (*m.metadata).traits = 0;
+                }
+            }
+            return true;
+        }
+        ext = e.next;
+    }
+    false
 }
 
 /// Creates an `XLA_FFI_Error` with `msg` through the frame's API table.

@@ -390,19 +390,8 @@ fn take_ffi_error(api: &'static XLA_FFI_Api, error: *mut XLA_FFI_Error) -> Optio
     Some(message)
 }
 
-macro_rules! shim_trampolines {
-    ($($name:ident = $idx:expr),* $(,)?) => {
-        $(
-            unsafe extern "C" fn $name(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
-                // SAFETY: XLA calls handlers with a valid call frame (or null).
-                unsafe { forward($idx, frame) }
-            }
-        )*
-        static SHIM_TRAMPOLINES: [XLA_FFI_Handler; MAX_SHIMMED] = [$($name),*];
-    };
-}
-
-shim_trampolines!(
+ffi::slot_trampolines!(
+    SHIM_TRAMPOLINES: MAX_SHIMMED, forward;
     s0 = 0,
     s1 = 1,
     s2 = 2,
@@ -432,21 +421,12 @@ unsafe fn forward(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Er
     }
     // SAFETY: non-null frame provided by XLA.
     let f = unsafe { &*frame };
-    if !f.extension_start.is_null() {
-        // SAFETY: a non-null extension_start is a valid extension of the frame.
-        let extension = unsafe { &*f.extension_start };
-        if extension.type_ == XLA_FFI_EXTENSION_METADATA && !f.api.is_null() {
-            // SAFETY: a Metadata extension is an `XLA_FFI_Metadata_Extension` whose `metadata`
-            // points to a writable `XLA_FFI_Metadata` (up to `traits`); `api` is XLA's table.
-            unsafe {
-                let m = &*(f.extension_start as *const XLA_FFI_Metadata_Extension);
-                if !m.metadata.is_null() {
-                    let version = &(*f.api).api_version;
-                    (*m.metadata).api_version.major_version = version.major_version;
-                    (*m.metadata).api_version.minor_version = version.minor_version;
-                    (*m.metadata).traits = 0;
-                }
-            }
+    if !f.api.is_null() {
+        // SAFETY: `api` is XLA's FFI table, valid while the frame is.
+        let version = unsafe { &(*f.api).api_version };
+        // SAFETY: the frame is valid (see above).
+        if unsafe { ffi::answer_metadata_query(f, (version.major_version, version.minor_version)) }
+        {
             return std::ptr::null_mut();
         }
     }
