@@ -28,12 +28,16 @@ defmodule XlaNode.KernelsTest do
 
   defp f32(list), do: Tensor.from_list(list, {:f, 32})
 
-  # The module a user writes with XlaNode.MLIR: EXLA's form (api_version = 4, backend_config).
+  # xn_add_scaled(x, n) on f32[dims].
   defp add_scaled_module(n, dims) do
+    kernel_call("xn_add_scaled", [{{:f, 32}, dims}], [{{:f, 32}, dims}], [{"n", "#{n} : f32"}])
+  end
+
+  # A module whose main(params) is one call of the kernel `target` on those parameters, in the
+  # form a user writes with XlaNode.MLIR: EXLA's (api_version = 4, backend_config).
+  defp kernel_call(target, params, results, config \\ []) do
     M.module(fn ->
-      M.function("main", [{{:f, 32}, dims}], fn [x] ->
-        M.custom_call("xn_add_scaled", [x], [{{:f, 32}, dims}], backend_config: [{"n", "#{n} : f32"}])
-      end)
+      M.function("main", params, fn args -> M.custom_call(target, args, results, backend_config: config) end)
     end)
   end
 
@@ -82,12 +86,7 @@ defmodule XlaNode.KernelsTest do
     end
 
     test "a kernel with several results", %{node: node} do
-      text =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, [5]}], fn [x] ->
-            M.custom_call("xn_sum_max", [x], [{{:f, 32}, []}, {{:f, 32}, []}])
-          end)
-        end)
+      text = kernel_call("xn_sum_max", [{{:f, 32}, [5]}], [{{:f, 32}, []}, {{:f, 32}, []}])
 
       exe = XlaNode.compile!(node.name, text)
       [sum, max] = XlaNode.run!(node.name, exe, [f32([1.0, -2.0, 8.5, 3.0, 0.25])])
@@ -117,10 +116,7 @@ defmodule XlaNode.KernelsTest do
       name_bytes = byte_size("héllo")
       results = [{{:f, 64}, [11]}, {{:f, 64}, [5]}, {{:u, 8}, [name_bytes]}, {{:f, 64}, [3]}]
 
-      text =
-        M.module(fn ->
-          M.function("main", [], fn [] -> M.custom_call("xn_attrs", [], results, backend_config: config) end)
-        end)
+      text = kernel_call("xn_attrs", [], results, config)
 
       exe = XlaNode.compile!(node.name, text)
       [scalars, arrays, name, dict] = XlaNode.run!(node.name, exe, [])
@@ -134,24 +130,14 @@ defmodule XlaNode.KernelsTest do
     end
 
     test "a kernel's error fails the run with its message, and the node keeps serving", %{node: node} do
-      failing =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, [2]}], fn [x] ->
-            M.custom_call("xn_fail", [x], [{{:f, 32}, [2]}], backend_config: [{"message", ~s("no luck today")}])
-          end)
-        end)
+      failing = kernel_call("xn_fail", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [{"message", ~s("no luck today")}])
 
       exe = XlaNode.compile!(node.name, failing)
       assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.run(node.name, exe, [f32([1.0, 2.0])])
       assert message =~ "xn_fail: no luck today"
 
       # Attributes the kernel cannot decode are its error too, not the node's.
-      wrong =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, [2]}], fn [x] ->
-            M.custom_call("xn_add_scaled", [x], [{{:f, 32}, [2]}], backend_config: [{"n", ~s("not a number")}])
-          end)
-        end)
+      wrong = kernel_call("xn_add_scaled", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [{"n", ~s("not a number")}])
 
       exe2 = XlaNode.compile!(node.name, wrong)
       assert {:error, %XlaNode.Error{kind: :runtime_error}} = XlaNode.run(node.name, exe2, [f32([1.0, 2.0])])
@@ -159,10 +145,7 @@ defmodule XlaNode.KernelsTest do
     end
 
     test "a program naming a target that is not loaded: a compile error listing the loaded kernels", %{node: node} do
-      text =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, [2]}], fn [x] -> M.custom_call("xn_nowhere", [x], [{{:f, 32}, [2]}]) end)
-        end)
+      text = kernel_call("xn_nowhere", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}])
 
       assert {:error, %XlaNode.Error{kind: :compile_error, message: message}} = XlaNode.compile(node.name, text)
       assert message =~ "No FFI handler registered for xn_nowhere"
@@ -170,17 +153,9 @@ defmodule XlaNode.KernelsTest do
     end
 
     test "1,000 runs alternating a failing and a working kernel call leave nothing behind", %{node: node} do
-      fail =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, []}], fn [x] ->
-            M.custom_call("xn_fail", [x], [{{:f, 32}, []}], backend_config: [{"message", ~s("every other time")}])
-          end)
-        end)
+      fail = kernel_call("xn_fail", [{{:f, 32}, []}], [{{:f, 32}, []}], [{"message", ~s("every other time")}])
 
-      inc =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, []}], fn [x] -> M.custom_call("xn_increment", [x], [{{:f, 32}, []}]) end)
-        end)
+      inc = kernel_call("xn_increment", [{{:f, 32}, []}], [{{:f, 32}, []}])
 
       fail_exe = XlaNode.compile!(node.name, fail)
       inc_exe = XlaNode.compile!(node.name, inc)
@@ -249,12 +224,7 @@ defmodule XlaNode.KernelsTest do
       assert y03 == y02
 
       # Errors of a shimmed kernel come through as well.
-      fail =
-        M.module(fn ->
-          M.function("main", [{{:f, 32}, [1]}], fn [x] ->
-            M.custom_call("xn_fail", [x], [{{:f, 32}, [1]}], backend_config: [{"message", ~s("shimmed")}])
-          end)
-        end)
+      fail = kernel_call("xn_fail", [{{:f, 32}, [1]}], [{{:f, 32}, [1]}], [{"message", ~s("shimmed")}])
 
       assert {:error, %XlaNode.Error{kind: :runtime_error, message: "xn_fail: shimmed" <> _}} =
                XlaNode.run(node03.name, XlaNode.compile!(node03.name, fail), [f32([1.0])])
@@ -343,10 +313,7 @@ defmodule XlaNode.KernelsTest do
     peer = Harness.start_peer()
     assert :pong = Harness.peer_call(peer, XlaNode, :ping, [node.name])
 
-    crash =
-      M.module(fn ->
-        M.function("main", [{{:f, 32}, [1]}], fn [x] -> M.custom_call("xn_abort", [x], [{{:f, 32}, [1]}]) end)
-      end)
+    crash = kernel_call("xn_abort", [{{:f, 32}, [1]}], [{{:f, 32}, [1]}])
 
     exe = XlaNode.compile!(node.name, crash)
     assert {:error, %XlaNode.Error{kind: :nodedown}} = XlaNode.run(node.name, exe, [f32([1.0])])
