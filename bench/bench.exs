@@ -61,6 +61,19 @@ defmodule Bench do
 
   def report(title, rows), do: IO.puts("\n## #{title}\n" <> Enum.map_join(rows, "\n", fn r -> "  " <> r end))
   def us(x), do: :erlang.float_to_binary(x / 1, decimals: 1) <> " us"
+
+  # main(x: f32[4]) = x + 1, the tiny program several parts run, and an argument for it.
+  def add_one do
+    """
+    func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+      %y = stablehlo.add %x, %one : tensor<4xf32>
+      return %y : tensor<4xf32>
+    }
+    """
+  end
+
+  def f32x4, do: {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
 end
 
 if parts in ["all", "node"] do
@@ -86,15 +99,8 @@ if parts in ["all", "node"] do
 end
 
 if parts in ["all", "xla"] do
-  mlir = """
-  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
-    %y = stablehlo.add %x, %one : tensor<4xf32>
-    return %y : tensor<4xf32>
-  }
-  """
-  {:ok, exe} = GenServer.call({:xla, xla}, {:compile, mlir})
-  x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  {:ok, exe} = GenServer.call({:xla, xla}, {:compile, Bench.add_one()})
+  x = Bench.f32x4()
   run = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, exe, [x]}) end
   for _ <- 1..2000, do: run.()
   s = Bench.interleave([run: run, beam: fn -> GenServer.call({:baseline, base}, :ping) end], 10, 1000)
@@ -129,7 +135,7 @@ if parts in ["all", "callbacks"] do
 
   {:ok, cb_exe} = GenServer.call({:xla, xla}, {:compile, with_cb.("tensor<4xf32>")})
   {:ok, plain_exe} = GenServer.call({:xla, xla}, {:compile, without_cb})
-  x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  x = Bench.f32x4()
   opts = [callback_server: echo]
   with = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, cb_exe, [x], opts}) end
   without = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, plain_exe, [x], opts}) end
@@ -240,17 +246,9 @@ if parts in ["all", "kernels"] do
   }
   """
 
-  no_call = """
-  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
-    %y = stablehlo.add %x, %one : tensor<4xf32>
-    return %y : tensor<4xf32>
-  }
-  """
-
   {:ok, call_exe} = GenServer.call({:xla, xla}, {:compile, one_call})
-  {:ok, plain_exe} = GenServer.call({:xla, xla}, {:compile, no_call})
-  x4 = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, {{:f, 32}, [4]}}
+  {:ok, plain_exe} = GenServer.call({:xla, xla}, {:compile, Bench.add_one()})
+  x4 = Bench.f32x4()
   with_call = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, call_exe, [x4]}) end
   without_call = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, plain_exe, [x4]}) end
   for _ <- 1..2000, do: {with_call.(), without_call.()}
