@@ -208,6 +208,15 @@ unsafe fn make_error(f: &XLA_FFI_CallFrame, msg: &str) -> *mut XLA_FFI_Error {
     unsafe { create(&mut args) }
 }
 
+/// Whether `target` can name a custom-call target: letters, digits, `_`, `.`, `-` and `$`, which
+/// a module can write unquoted and the verification module can embed.
+pub(crate) fn valid_target_name(target: &str) -> bool {
+    !target.is_empty()
+        && target
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '$'))
+}
+
 /// Registers `handler` for custom-call target `target` on the Host platform.
 ///
 /// Registering a target again replaces its handler (XLA keeps the first
@@ -218,11 +227,7 @@ pub fn register_host_handler(
     target: &str,
     handler: HostHandler,
 ) -> Result<(), XlaError> {
-    if target.is_empty()
-        || !target
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' || c == '$')
-    {
+    if !valid_target_name(target) {
         return Err(XlaError::Argument(format!(
             "invalid custom-call target name {target:?}"
         )));

@@ -105,7 +105,7 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
         symbol: spec.symbol.clone(),
         reason,
     };
-    if !valid_target(&spec.target) {
+    if !ffi::valid_target_name(&spec.target) {
         return Err(fail(
             "invalid target name (letters, digits, '_', '.', '-' and '$' only)".into(),
         ));
@@ -201,13 +201,6 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
     };
     kernels.push(loaded.clone());
     Ok(Loaded::New(loaded))
-}
-
-fn valid_target(target: &str) -> bool {
-    !target.is_empty()
-        && target
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '$'))
 }
 
 /// XLA's FFI registry names platforms as XLA does, not as PJRT does.
