@@ -262,14 +262,49 @@ defmodule XlaNode.CompilerTest do
     assert_same(&Nx.indexed_put(&1, Nx.tensor([[0, 0], [1, 1]]), Nx.tensor([7.0, 8.0])), [v])
   end
 
-  test "blocks: take and top_k lowered to one op, rfft and irfft" do
+  # The StableHLO text the compiler generates for `fun` on `args`.
+  defp lowered(fun, args) do
+    expr = apply(Nx.Defn.debug_expr(fun), args)
+    XlaNode.Compiler.Lower.module(args, Nx.Defn.Composite.flatten_list([expr])).text
+  end
+
+  defp count(text, pattern), do: length(String.split(text, pattern)) - 1
+
+  test "blocks: take and top_k lowered to one op" do
     v = Nx.iota({3, 4}, type: :f32)
     assert_same(&Nx.take(&1, Nx.tensor([[2, 0], [1, 1]]), axis: 1), [v])
     assert_same(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v])
-    assert_same(&Nx.top_k(&1, k: 2), [Nx.tensor([[3.0, 9.0, 1.0], [7.0, 2.0, 8.0]])])
-    signal = Nx.tensor([1.0, 2.0, 0.5, -1.0])
-    assert_same(&Nx.rfft(&1, length: 4), [signal])
-    assert_same(&Nx.irfft(Nx.rfft(&1, length: 4), length: 4), [signal])
+    assert count(lowered(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v]), "\"stablehlo.gather\"") == 1
+    top = Nx.tensor([[3.0, 9.0, 1.0], [7.0, 2.0, 8.0]])
+    assert_same(&Nx.top_k(&1, k: 2), [top])
+    assert lowered(&Nx.top_k(&1, k: 2), [top]) =~ "chlo.top_k"
+  end
+
+  test "FFTs: one stablehlo.fft along any axes, with lengths and eps" do
+    signal = Nx.tensor([[1.0, 2.0, 0.5, -1.0, 3.0], [0.0, 1.0, 0.0, -1.0, 0.25]])
+    complex = Nx.complex(signal, Nx.reverse(signal))
+
+    for {fun, arg, fft_type} <- [
+          {&Nx.fft(&1), complex, "FFT"},
+          {&Nx.fft(&1, axis: 0, length: 3), signal, "FFT"},
+          {&Nx.ifft(&1, length: 4), complex, "IFFT"},
+          {&Nx.fft2(&1, lengths: [4, 8]), signal, "FFT"},
+          {&Nx.ifft2(&1, axes: [1, 0], eps: 1.0e-3), complex, "IFFT"},
+          {&Nx.rfft(&1), signal, "RFFT"},
+          {&Nx.rfft(&1, axis: 0, length: 4, eps: 1.0e-6), signal, "RFFT"},
+          {&Nx.rfft(&1, length: :power_of_two), Nx.as_type(signal, :f64), "RFFT"},
+          {&Nx.irfft(&1), complex, "IRFFT"},
+          {&Nx.irfft(&1, length: 7, axis: 0), complex, "IRFFT"}
+        ] do
+      assert_same(fun, [arg])
+      text = lowered(fun, [arg])
+      assert count(text, "stablehlo.fft") == 1, text
+      assert text =~ "fft_type #{fft_type}>"
+    end
+
+    # Components no larger than eps come back as exact zeros, as from Nx's own backend.
+    {ours, theirs} = both(&Nx.fft(&1, eps: 1.0e-3), [Nx.tensor([1.0, 1.0, 1.0, 1.0])])
+    assert Nx.to_flat_list(ours) == Nx.to_flat_list(theirs)
   end
 
   test "windows and convolution" do

@@ -649,29 +649,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [x, opts], ans, state) when op in [:fft, :ifft] do
     {v, state} = lower(x, state)
-    {_, d} = v.type
-    n = opts[:length]
-    last = length(d) - 1
-    v = cast(v, ans.type)
-
-    v =
-      cond do
-        n == List.last(d) ->
-          v
-
-        n < List.last(d) ->
-          M.slice(v, List.duplicate(0, length(d)), List.replace_at(d, last, n))
-
-        true ->
-          M.pad(
-            v,
-            zero_scalar(ans.type),
-            List.duplicate(0, length(d)),
-            List.duplicate(0, last) ++ [n - List.last(d)]
-          )
-      end
-
-    {M.fft(v, op, [n]), state}
+    {fft_along(cast(v, ans.type), op, [opts[:axis]], [opts[:length]], opts[:eps]), state}
   end
 
   # Regions (loop bodies, branches, reduction functions) are lowered with a copy of the state:
@@ -722,17 +700,23 @@ defmodule XlaNode.Compiler.Lower do
     {M.top_k(v, k), state}
   end
 
-  defp op(:block, [%struct{eps: nil, length: n, axis: axis}, [x | _], default, fun], ans, state)
-       when struct in [Nx.Block.RFFT, Nx.Block.IRFFT] do
+  defp op(:block, [%Nx.Block.RFFT{} = b, [x], _default, _fun], ans, state) do
     {v, state} = lower(x, state)
-    {_, d} = v.type
+    real = cast(v, Nx.Type.to_real(ans.type))
+    {fft_along(real, :rfft, [b.axis], [b.length], b.eps), state}
+  end
 
-    if axis == length(d) - 1 and (struct == Nx.Block.IRFFT or List.last(d) == n) do
-      kind = if struct == Nx.Block.RFFT, do: :rfft, else: :irfft
-      {M.fft(v, kind, [n]), state}
-    else
-      op(:block, [:default, [x], default, fun], ans, state)
-    end
+  defp op(:block, [%Nx.Block.IRFFT{} = b, [x], _default, _fun], ans, state) do
+    {v, state} = lower(x, state)
+    complex = cast(v, Nx.Type.to_complex(ans.type))
+    {fft_along(complex, :irfft, [b.axis], [b.length], b.eps), state}
+  end
+
+  defp op(:block, [%struct{} = b, [x], _default, _fun], ans, state)
+       when struct in [Nx.Block.FFT2, Nx.Block.IFFT2] do
+    {v, state} = lower(x, state)
+    kind = if struct == Nx.Block.FFT2, do: :fft, else: :ifft
+    {fft_along(cast(v, ans.type), kind, b.axes, b.lengths, b.eps), state}
   end
 
   # A block's default expression is written over its own parameters, one per tensor argument
@@ -816,6 +800,45 @@ defmodule XlaNode.Compiler.Lower do
       fn -> lower_container(body, state) |> elem(0) end,
       fn -> cond_chain(rest, last, state) end
     )
+  end
+
+  # stablehlo.fft transforms the trailing dimensions: `axes` are moved there and back, each cut
+  # or zero-padded to its length (an irfft's input to length / 2 + 1), and components no larger
+  # than `eps` are zeroed afterwards, as Nx's own backend does.
+  defp fft_along(v, kind, axes, lengths, eps) do
+    {_, d} = v.type
+    rank = length(d)
+    to_end = (Enum.to_list(0..(rank - 1)//1) -- axes) ++ axes
+    v = permute(v, to_end)
+    {_, d} = v.type
+    sizes = if kind == :irfft, do: List.update_at(lengths, -1, &(div(&1, 2) + 1)), else: lengths
+    target = Enum.take(d, rank - length(axes)) ++ sizes
+    kept = Enum.zip_with(d, target, &min/2)
+    v = if kept == d, do: v, else: M.slice(v, List.duplicate(0, rank), kept)
+    zeros = List.duplicate(0, rank)
+    grow = Enum.zip_with(target, kept, &(&1 - &2))
+    v = if target == kept, do: v, else: M.pad(v, zero_scalar(elem_type(v)), zeros, grow, zeros)
+
+    v
+    |> M.fft(kind, lengths)
+    |> permute(inverse_permutation(to_end))
+    |> clean_up(eps)
+  end
+
+  defp permute(v, perm) do
+    if perm == Enum.sort(perm), do: v, else: M.transpose(v, perm)
+  end
+
+  defp inverse_permutation(perm) do
+    perm |> Enum.with_index() |> Enum.sort() |> Enum.map(&elem(&1, 1))
+  end
+
+  defp clean_up(v, nil), do: v
+
+  defp clean_up(v, eps) do
+    if M.category(elem_type(v)) == :complex,
+      do: M.complex(clean_up(M.real(v), eps), clean_up(M.imag(v), eps)),
+      else: M.select(M.compare(:le, M.abs(v), M.constant(eps, v.type)), zero(v), v)
   end
 
   defp apply_fun(%T{data: %Expr{op: :fun, args: [params, body, _mfa]}}, args, state) do
