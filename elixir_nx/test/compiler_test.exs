@@ -274,7 +274,12 @@ defmodule XlaNode.CompilerTest do
     v = Nx.iota({3, 4}, type: :f32)
     assert_same(&Nx.take(&1, Nx.tensor([[2, 0], [1, 1]]), axis: 1), [v])
     assert_same(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v])
-    assert count(lowered(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v]), "\"stablehlo.gather\"") == 1
+
+    assert count(
+             lowered(&Nx.take(&1, Nx.tensor([2, 0, 2]), axis: 0), [v]),
+             "\"stablehlo.gather\""
+           ) == 1
+
     top = Nx.tensor([[3.0, 9.0, 1.0], [7.0, 2.0, 8.0]])
     assert_same(&Nx.top_k(&1, k: 2), [top])
     assert lowered(&Nx.top_k(&1, k: 2), [top]) =~ "chlo.top_k"
