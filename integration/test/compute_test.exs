@@ -141,6 +141,10 @@ defmodule XlaNode.ComputeTest do
     assert hits_after >= hits + 1
   end
 
+  test ":info names the platform and whether its programs can call host callbacks", %{node: node} do
+    assert {:ok, %{platform: "cpu", host_callbacks: true, devices: [_ | _]}} = call(node, :info)
+  end
+
   test "invalid MLIR is a compile error and the node keeps serving", %{node: node} do
     for bad <- ["", "garbage", "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { return %y : tensor<4xf32> }", <<0, 255, 3>>] do
       assert {:error, {kind, message}} = call(node, {:compile, bad})

@@ -533,6 +533,11 @@ pub fn atom(name: &str) -> Term {
     Term::from(Atom::from(name))
 }
 
+/// `true` or `false`, the atoms Erlang's booleans are.
+pub fn boolean(value: bool) -> Term {
+    atom(if value { "true" } else { "false" })
+}
+
 pub fn tuple(elements: Vec<Term>) -> Term {
     Term::from(Tuple::from(elements))
 }

@@ -11,7 +11,7 @@ use super::resources::{Owner, Program, Resource, Resources};
 use super::schedule::Scheduler;
 use crate::node::gen::{self, From};
 use crate::node::probe;
-use crate::node::term::{atom, binary, int, list, ok};
+use crate::node::term::{atom, binary, boolean, int, list, ok};
 use crate::node::{Dest, Node};
 use crate::tensor_term::host_tensor_term;
 use crate::xla::{Buffer, Executable, Executor, HostTensor, Input, XlaError};
@@ -381,6 +381,7 @@ impl Compute {
                 binary(client.platform_version().as_bytes().to_vec()),
             ),
             ("devices", list(devices)),
+            ("host_callbacks", boolean(client.runs_host_handlers())),
             (
                 "plugin",
                 binary(self.plugin.display().to_string().into_bytes()),

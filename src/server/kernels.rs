@@ -10,7 +10,7 @@
 use super::compute::Compute;
 use super::request::RequestError;
 use crate::node::gen::From;
-use crate::node::term::{atom, binary, list};
+use crate::node::term::{atom, binary, boolean, list};
 use crate::xla::{load_kernel, loaded_kernels, Client, KernelSpec, Loaded, LoadedKernel};
 use eetf::Term;
 use std::path::{Path, PathBuf};
@@ -207,7 +207,7 @@ fn kernel_term(k: &LoadedKernel) -> Term {
             "ffi_version",
             binary(format!("{}.{}", k.ffi_version.0, k.ffi_version.1).into_bytes()),
         ),
-        ("shimmed", atom(if k.shimmed { "true" } else { "false" })),
+        ("shimmed", boolean(k.shimmed)),
     ])
 }
 

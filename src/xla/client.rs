@@ -438,6 +438,15 @@ impl Client {
         &self.0.platform_name
     }
 
+    /// Whether this client's programs can call the host handlers (`register_host_handler`):
+    /// those are registered for XLA's Host platform, which only CPU programs run on.
+    pub fn runs_host_handlers(&self) -> bool {
+        matches!(
+            self.platform_name().to_ascii_lowercase().as_str(),
+            "cpu" | "host"
+        )
+    }
+
     /// Platform version string.
     pub fn platform_version(&self) -> &str {
         &self.0.platform_version
