@@ -1559,7 +1559,8 @@ defmodule XlaNode.MLIR do
 
   @doc """
   A custom call to a registered FFI target (`api_version = 4`) returning `result_types`.
-  Options: `backend_config: [{name, attr_text}]` (MLIR attribute text, e.g. `"3 : i64"`),
+  Options: `backend_config: [{name, attr_text}]` (MLIR attribute text, e.g. `"3 : i64"`, as
+  `attribute/1` writes it),
   `has_side_effect: true`, `output_operand_aliases: [{result, operand}]`. Returns a list.
   """
   def custom_call(target, operands, result_types, opts \\ []) do
@@ -1598,6 +1599,79 @@ defmodule XlaNode.MLIR do
       ] ++ aliases
     )
   end
+
+  @doc """
+  The MLIR text of one FFI attribute for `custom_call/4`'s `backend_config`, from an Elixir
+  value, typed as `jax.ffi` types Python values: a float is an `f32`, an integer an `i64`.
+  `{type, number}` gives any other scalar type, `{type, [numbers]}` (or a bare list of
+  integers) an array, and `{:mlir, text}` passes attribute text through.
+
+      iex> XlaNode.MLIR.attribute(2.5)
+      "2.5 : f32"
+      iex> XlaNode.MLIR.attribute({{:f, 64}, -1.0e-10})
+      "-1.0e-10 : f64"
+      iex> XlaNode.MLIR.attribute({{:u, 8}, 7})
+      "7 : ui8"
+      iex> XlaNode.MLIR.attribute("relu")
+      ~s("relu")
+      iex> XlaNode.MLIR.attribute(true)
+      "true"
+      iex> XlaNode.MLIR.attribute([1, 2, 3])
+      "array<i64: 1, 2, 3>"
+      iex> XlaNode.MLIR.attribute({{:f, 32}, [0.5, 2.0]})
+      "array<f32: 0.5, 2.0>"
+  """
+  def attribute(value) when is_boolean(value), do: to_string(value)
+  def attribute(value) when is_float(value), do: attribute({{:f, 32}, value})
+  def attribute(value) when is_integer(value), do: attribute({{:s, 64}, value})
+  def attribute({:mlir, text}) when is_binary(text), do: text
+
+  def attribute(value) when is_binary(value) do
+    escaped =
+      for <<byte <- value>>, into: "" do
+        if byte in 0x20..0x7E and byte not in [?", ?\\],
+          do: <<byte>>,
+          else: "\\" <> Base.encode16(<<byte>>)
+      end
+
+    ~s("#{escaped}")
+  end
+
+  def attribute([n | _] = list) when is_integer(n), do: attribute({{:s, 64}, list})
+
+  def attribute({type, list}) when is_list(list) do
+    elem = attribute_type!(type)
+    "array<#{element_text(elem)}: " <> Enum.map_join(list, ", ", &number_text(&1, elem)) <> ">"
+  end
+
+  def attribute({type, number}) when is_number(number) do
+    elem = attribute_type!(type)
+    "#{number_text(number, elem)} : #{element_text(elem)}"
+  end
+
+  def attribute(other) do
+    raise ArgumentError,
+          "attribute: expected a number, {type, number}, {type, [numbers]}, a string, a boolean " <>
+            "or {:mlir, text}, got #{inspect(other)}"
+  end
+
+  defp attribute_type!(type) do
+    case check_type!("attribute", {type, []}) do
+      {{kind, _} = elem, []} when kind in [:s, :u, :f] ->
+        elem
+
+      _ ->
+        raise ArgumentError, "attribute: expected an integer or float type, got #{inspect(type)}"
+    end
+  end
+
+  defp number_text(n, {:f, _}), do: :erlang.float_to_binary(n / 1, [:short])
+
+  defp number_text(n, {kind, _}) when is_integer(n) and kind in [:s, :u],
+    do: Integer.to_string(n)
+
+  defp number_text(n, elem),
+    do: raise(ArgumentError, "attribute: #{inspect(n)} is not a #{element_text(elem)} value")
 
   @doc """
   `Nx.runtime_call` as EXLA lowers it: sends `{:exla_runtime_call, callback_id, args, tag}` to
