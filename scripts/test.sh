@@ -19,6 +19,11 @@ cargo test
 
 (cd elixir_client && MIX_ENV=test mix test </dev/null)
 
+# Native-kernel fixtures: JAX 0.8.1 (the counterpart), FFI headers from the jaxlib wheels, and the
+# test kernel library built against them (the integration suite and the Nx compiler's tests load
+# it).
+scripts/kernels.sh
+
 # The Nx compiler (elixir_nx/) needs Nx 0.13, hence Elixir >= 1.17 and Nx itself, which this
 # script does not install: its tests run where NX_PATH points at a local Nx checkout (with
 # COMPLEX_PATH and TELEMETRY_PATH for its dependencies, and a new enough `elixir` on PATH).
@@ -28,10 +33,6 @@ if [ -n "${NX_PATH:-}" ]; then
 else
     echo "elixir_nx: tests skipped: Nx is not present (set NX_PATH to a local Nx checkout, with COMPLEX_PATH, TELEMETRY_PATH and Elixir >= 1.17, to run them)"
 fi
-
-# Native-kernel fixtures: JAX 0.8.1 (the counterpart), FFI headers from the jaxlib wheels, and the
-# test kernel library built against them.
-scripts/kernels.sh
 
 cd integration
 export MIX_ENV=test XLA_NODE_BIN="$PWD/../target/release/xla_node"

@@ -285,6 +285,31 @@ defmodule XlaNode.CompilerTest do
     assert lowered(&Nx.top_k(&1, k: 2), [top]) =~ "chlo.top_k"
   end
 
+  test "Nx.block through XlaNode.Compiler.CustomCall: a kernel loaded on the node, or the default" do
+    library = XlaNode.NxTest.Node.kernel_library!()
+    :ok = XlaNode.load_kernel(xla(), "xn_add_scaled", library, "xn_add_scaled")
+    f = &XlaNode.NxTest.AddScaled.add_scaled(&1, 3.0)
+    x = Nx.tensor([[0.5, -1.0], [2.0, 3.0]])
+
+    assert_same(f, [x])
+    text = lowered(f, [x])
+    assert text =~ ~s(call_target_name = "xn_add_scaled")
+    assert text =~ "backend_config = {n = 3.0 : f32}"
+    refute text =~ "stablehlo.sine"
+
+    # The implementation skips f64, and other platforms: the default expression runs.
+    assert_same(f, [Nx.as_type(x, :f64)])
+    refute lowered(f, [Nx.as_type(x, :f64)]) =~ "custom_call"
+
+    gpu =
+      XlaNode.Compiler.Lower.module([x], [apply(Nx.Defn.debug_expr(f), [x])], %{
+        node: nil,
+        platform: "cuda"
+      })
+
+    refute gpu.text =~ "custom_call"
+  end
+
   test "FFTs: one stablehlo.fft along any axes, with lengths and eps" do
     signal = Nx.tensor([[1.0, 2.0, 0.5, -1.0, 3.0], [0.0, 1.0, 0.0, -1.0, 0.25]])
     complex = Nx.complex(signal, Nx.reverse(signal))
@@ -426,6 +451,48 @@ defmodule XlaNode.CompilerTest do
     assert_match(split, theirs, [])
     assert_match(inside, theirs, [])
     assert %Nx.Tensor{data: %Nx.BinaryBackend{}} = split
+  end
+
+  test "callbacks: :split runs hooks on the caller between programs too" do
+    out =
+      capture_io(fn ->
+        f = Nx.Defn.jit(&printed/1, compiler: XlaNode.Compiler, node: xla(), callbacks: :split)
+        assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [3.0, 5.0]
+      end)
+
+    assert out =~ "4.0"
+    parent = self()
+
+    f =
+      Nx.Defn.jit(&hooked/1,
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        callbacks: :split,
+        hooks: %{doubled: &send(parent, {:hooked, &1})}
+      )
+
+    assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [3.0, 5.0]
+    assert_receive {:hooked, doubled}
+    assert Nx.to_flat_list(doubled) == [2.0, 4.0]
+  end
+
+  test "a CPU node runs callbacks inside the program unless told to split" do
+    assert XlaNode.Compiler.Cache.node_info(xla()) == %{platform: "cpu", host_callbacks: true}
+    parent = self()
+
+    where = fn opts ->
+      f = fn x ->
+        Nx.runtime_call(x, x, [], fn t, _ -> send(parent, {:ran_in, self()}) && t end)
+      end
+
+      Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ opts).(Nx.tensor([1.0]))
+      assert_receive {:ran_in, pid}
+      pid
+    end
+
+    # Inside the program, the callback server answers; split, the caller evaluates it itself.
+    assert where.([]) != self()
+    assert where.(callbacks: :split) == self()
   end
 
   test "a runtime_call that returns the wrong shape or raises fails the call, naming the callback" do

@@ -16,10 +16,11 @@ defmodule XlaNode.Compiler do
     * `:node` - the compute node (required)
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds
       (default: the node's `--callback-timeout`)
-    * `:callbacks` - `:inside` (default): `runtime_call`s run as custom calls inside the
-      program; `:split`: the program is cut at each `runtime_call`, the pieces run on the node
-      with their results kept there, and the callbacks run on this node between them (see
-      `XlaNode.Compiler.Split`)
+    * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
+      program; `:split`: the program is cut at each of them, the pieces run on the node with
+      their results kept there, and the callbacks run on this node between them (see
+      `XlaNode.Compiler.Split`). Default: `:inside` where the node's platform can run host
+      callbacks (CPU; `:info`'s `host_callbacks`), `:split` elsewhere
     * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
       to pass into the next call without moving them (default `false`)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
@@ -46,9 +47,11 @@ defmodule XlaNode.Compiler do
   def __compile__(key, vars, fun, opts) do
     node = node!(opts)
 
-    case Keyword.get(opts, :callbacks, :inside) do
+    info = Cache.node_info(node)
+
+    case Keyword.get_lazy(opts, :callbacks, fn -> default_callbacks(info) end) do
       :inside ->
-        compile_inside(key, vars, fun, opts, node)
+        compile_inside(key, vars, fun, opts, node, info)
 
       :split ->
         XlaNode.Compiler.Split.compile(key, vars, fun, opts)
@@ -59,7 +62,12 @@ defmodule XlaNode.Compiler do
     end
   end
 
-  defp compile_inside(key, vars, fun, opts, node) do
+  # Callbacks inside the program need a platform whose programs can call the node's host
+  # handlers (CPU); elsewhere the program is cut at them.
+  defp default_callbacks(%{host_callbacks: true}), do: :inside
+  defp default_callbacks(_info), do: :split
+
+  defp compile_inside(key, vars, fun, opts, node, info) do
     templates =
       vars
       |> Composite.flatten_list()
@@ -69,7 +77,7 @@ defmodule XlaNode.Compiler do
     cache_key = {Keyword.get(opts, :stage_key, key), templates, node}
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
-      Cache.get(cache_key) || compile!(cache_key, node, vars, fun)
+      Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
     run_opts = Keyword.take(opts, [:callback_timeout, :keep_on_device])
@@ -82,11 +90,20 @@ defmodule XlaNode.Compiler do
     end
   end
 
-  defp compile!(cache_key, node, vars, fun) do
+  defp compile!(cache_key, node, info, vars, fun) do
     {outputs, output_templates} = outputs(vars, fun)
+    target = %{node: node, platform: info.platform}
 
     %{text: text, callbacks: callbacks} =
-      Lower.module(Composite.flatten_list(vars), Composite.flatten_list([outputs]))
+      Lower.module(Composite.flatten_list(vars), Composite.flatten_list([outputs]), target)
+
+    if callbacks != %{} and not info.host_callbacks do
+      raise ArgumentError,
+            "XlaNode.Compiler: #{node}'s platform (#{info.platform}) cannot run host callbacks " <>
+              "inside a program. callbacks: :split (the default there) runs them between " <>
+              "programs, but cannot cut inside a while or cond: move the runtime_call or hook " <>
+              "out of it"
+    end
 
     Cache.compile!(cache_key, node, text, %{callbacks: callbacks, outputs: output_templates})
   end

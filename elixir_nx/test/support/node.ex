@@ -32,12 +32,27 @@ defmodule XlaNode.NxTest.Node do
           "--sname",
           sname,
           "--cookie",
-          "#{@cookie}"
+          "#{@cookie}",
+          "--kernel-dir",
+          kernel_dir()
         ]
       ])
 
     wait_ready(name, 100)
     %{name: name, port: port}
+  end
+
+  @doc """
+  Where `scripts/kernels.sh` builds the test kernel library (`integration/kernels/`), which
+  the node may load kernels from.
+  """
+  def kernel_dir, do: Path.expand("../../../target/kernels", __DIR__)
+
+  @doc "The test kernel library; raises, saying how to build it, when it is missing."
+  def kernel_library! do
+    path = Path.join(kernel_dir(), "libxn_test_kernels_ffi02.so")
+    File.exists?(path) || raise "#{path} is missing: build it with scripts/kernels.sh"
+    path
   end
 
   defp wait_ready(name, 0), do: raise("xla_node #{name} did not come up")

@@ -1,7 +1,7 @@
 defmodule XlaNode.Compiler.Cache do
   @moduledoc """
   Compiled programs, per (function, argument templates, node), so that calling a jitted function
-  again lowers and compiles nothing.
+  again lowers and compiles nothing, and what the compiler needs to know of each node.
 
   The node frees an executable when the process that compiled it exits, so this process
   compiles them itself and lives as long as the application. Entries of a node go when the
@@ -18,6 +18,28 @@ defmodule XlaNode.Compiler.Cache do
     case :ets.lookup(@table, key) do
       [{^key, entry}] -> entry
       [] -> nil
+    end
+  end
+
+  @doc """
+  What the compiler needs to know of `node`: `%{platform: platform, host_callbacks: boolean}`,
+  asked once per connection.
+  """
+  def node_info(node) do
+    case :ets.lookup(@table, {:node_info, node}) do
+      [{_, info}] ->
+        info
+
+      [] ->
+        case XlaNode.info(node) do
+          {:ok, %{platform: platform, host_callbacks: host_callbacks}} ->
+            info = %{platform: platform, host_callbacks: host_callbacks}
+            :ets.insert(@table, {{:node_info, node}, info})
+            info
+
+          {:error, error} ->
+            raise error
+        end
     end
   end
 
@@ -70,6 +92,7 @@ defmodule XlaNode.Compiler.Cache do
   @impl true
   def handle_info({:nodedown, node}, state) do
     :ets.match_delete(@table, {{:_, :_, node}, :_})
+    :ets.delete(@table, {:node_info, node})
     {:noreply, state}
   end
 

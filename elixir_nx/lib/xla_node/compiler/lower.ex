@@ -18,9 +18,11 @@ defmodule XlaNode.Compiler.Lower do
 
   @doc """
   Builds `main(parameters) -> outputs`. Returns `%{text: module_text, callbacks: %{id =>
-  callback}}`, the callbacks being what the caller's callback server must answer.
+  callback}}`, the callbacks being what the caller's callback server must answer. `target`
+  (`%{node: node, platform: platform}`) is what `XlaNode.Compiler.CustomCall` implementations
+  are told of the node the program is for.
   """
-  def module(parameters, outputs) do
+  def module(parameters, outputs, target \\ %{node: nil, platform: "cpu"}) do
     calls_back = Enum.any?(outputs, &calls_back?/1)
     # Vectorized parameters come in devectorized, as the expression uses them.
     param_types = Enum.map(parameters, &type_of(Nx.devectorize(&1)))
@@ -32,7 +34,7 @@ defmodule XlaNode.Compiler.Lower do
         M.module(fn ->
           M.function("main", arg_types, fn args ->
             {handle, args} = if calls_back, do: {hd(args), tl(args)}, else: {nil, args}
-            state = %{params: args, handle: handle, loop: %{}, cache: %{}}
+            state = %{params: args, handle: handle, loop: %{}, cache: %{}, target: target}
             {values, _state} = lower_all(outputs, state)
             values
           end)
@@ -676,56 +678,29 @@ defmodule XlaNode.Compiler.Lower do
     {one_or_all(cond_chain(clauses, last, state), ans), state}
   end
 
-  # Blocks StableHLO expresses directly: one op instead of the default expression.
-  defp op(:block, [%Nx.Block.Take{axis: axis}, [x, indices], _default, _fun], ans, state) do
-    {[v, idx], state} = lower_all([x, indices], state)
-    {_, in_dims} = v.type
-    {_, idx_dims} = idx.type
-    out_rank = length(in_dims) - 1 + length(idx_dims)
-    batch = Enum.to_list(axis..(axis + length(idx_dims) - 1)//1)
+  # A block becomes a custom call when an `XlaNode.Compiler.CustomCall` implementation says so;
+  # otherwise one StableHLO op where StableHLO expresses it, and its default expression if not.
+  defp op(:block, [struct, in_args, default, _fun] = args, ans, state) do
+    {tensors, _opts} = Enum.split_while(in_args, &(not is_list(&1)))
+    templates = Enum.map(tensors, &Nx.to_template/1)
 
-    value =
-      M.gather(v, idx, List.replace_at(in_dims, axis, 1),
-        offset_dims: Enum.to_list(0..(out_rank - 1)//1) -- batch,
-        collapsed_slice_dims: [axis],
-        start_index_map: [axis],
-        index_vector_dim: length(idx_dims)
-      )
+    case XlaNode.Compiler.CustomCall.call(
+           struct,
+           Nx.to_template(default),
+           templates,
+           state.target
+         ) do
+      :skip ->
+        block(args, ans, state)
 
-    {cast(value, ans.type), state}
-  end
+      {:ok, %XlaNode.Compiler.CustomCall.Spec{} = spec} ->
+        custom_call(spec, tensors, default, ans, state)
 
-  defp op(:block, [%Nx.Block.TopK{k: k}, [x], _default, _fun], _ans, state) do
-    {v, state} = lower(x, state)
-    {M.top_k(v, k), state}
-  end
-
-  defp op(:block, [%Nx.Block.RFFT{} = b, [x], _default, _fun], ans, state) do
-    {v, state} = lower(x, state)
-    real = cast(v, Nx.Type.to_real(ans.type))
-    {fft_along(real, :rfft, [b.axis], [b.length], b.eps), state}
-  end
-
-  defp op(:block, [%Nx.Block.IRFFT{} = b, [x], _default, _fun], ans, state) do
-    {v, state} = lower(x, state)
-    complex = cast(v, Nx.Type.to_complex(ans.type))
-    {fft_along(complex, :irfft, [b.axis], [b.length], b.eps), state}
-  end
-
-  defp op(:block, [%struct{} = b, [x], _default, _fun], ans, state)
-       when struct in [Nx.Block.FFT2, Nx.Block.IFFT2] do
-    {v, state} = lower(x, state)
-    kind = if struct == Nx.Block.FFT2, do: :fft, else: :ifft
-    {fft_along(cast(v, ans.type), kind, b.axes, b.lengths, b.eps), state}
-  end
-
-  # A block's default expression is written over its own parameters, one per tensor argument
-  # (the arguments before its options): lowered like a function body, with those as parameters.
-  defp op(:block, [_struct, in_args, default, _fun], _ans, state) do
-    {args, _opts} = Enum.split_while(in_args, &(not is_list(&1)))
-    {values, state} = lower_all(args, state)
-    {value, _} = lower_first(default, %{state | params: values, cache: %{}, loop: %{}})
-    {value, state}
+      other ->
+        raise ArgumentError,
+              "XlaNode.Compiler.CustomCall for #{inspect(struct.__struct__)} must return :skip " <>
+                "or {:ok, %XlaNode.Compiler.CustomCall.Spec{}}, got #{inspect(other)}"
+    end
   end
 
   defp op(:runtime_call, [tensor_expr, fun, out_template, opts], _ans, state) do
@@ -769,6 +744,60 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, _args, _ans, _state) do
     raise ArgumentError, "XlaNode.Compiler cannot lower the Nx operation #{inspect(op)} yet"
+  end
+
+  ## Blocks
+
+  # Blocks StableHLO expresses directly: one op instead of the default expression.
+  defp block([%Nx.Block.Take{axis: axis}, [x, indices], _default, _fun], ans, state) do
+    {[v, idx], state} = lower_all([x, indices], state)
+    {_, in_dims} = v.type
+    {_, idx_dims} = idx.type
+    out_rank = length(in_dims) - 1 + length(idx_dims)
+    batch = Enum.to_list(axis..(axis + length(idx_dims) - 1)//1)
+
+    value =
+      M.gather(v, idx, List.replace_at(in_dims, axis, 1),
+        offset_dims: Enum.to_list(0..(out_rank - 1)//1) -- batch,
+        collapsed_slice_dims: [axis],
+        start_index_map: [axis],
+        index_vector_dim: length(idx_dims)
+      )
+
+    {cast(value, ans.type), state}
+  end
+
+  defp block([%Nx.Block.TopK{k: k}, [x], _default, _fun], _ans, state) do
+    {v, state} = lower(x, state)
+    {M.top_k(v, k), state}
+  end
+
+  defp block([%Nx.Block.RFFT{} = b, [x], _default, _fun], ans, state) do
+    {v, state} = lower(x, state)
+    real = cast(v, Nx.Type.to_real(ans.type))
+    {fft_along(real, :rfft, [b.axis], [b.length], b.eps), state}
+  end
+
+  defp block([%Nx.Block.IRFFT{} = b, [x], _default, _fun], ans, state) do
+    {v, state} = lower(x, state)
+    complex = cast(v, Nx.Type.to_complex(ans.type))
+    {fft_along(complex, :irfft, [b.axis], [b.length], b.eps), state}
+  end
+
+  defp block([%struct{} = b, [x], _default, _fun], ans, state)
+       when struct in [Nx.Block.FFT2, Nx.Block.IFFT2] do
+    {v, state} = lower(x, state)
+    kind = if struct == Nx.Block.FFT2, do: :fft, else: :ifft
+    {fft_along(cast(v, ans.type), kind, b.axes, b.lengths, b.eps), state}
+  end
+
+  # A block's default expression is written over its own parameters, one per tensor argument
+  # (the arguments before its options): lowered like a function body, with those as parameters.
+  defp block([_struct, in_args, default, _fun], _ans, state) do
+    {args, _opts} = Enum.split_while(in_args, &(not is_list(&1)))
+    {values, state} = lower_all(args, state)
+    {value, _} = lower_first(default, %{state | params: values, cache: %{}, loop: %{}})
+    {value, state}
   end
 
   ## Helpers
@@ -839,6 +868,33 @@ defmodule XlaNode.Compiler.Lower do
     if M.category(elem_type(v)) == :complex,
       do: M.complex(clean_up(M.real(v), eps), clean_up(M.imag(v), eps)),
       else: M.select(M.compare(:le, M.abs(v), M.constant(eps, v.type)), zero(v), v)
+  end
+
+  defp custom_call(%{target: target} = spec, tensors, default, ans, state)
+       when is_binary(target) and target != "" do
+    {values, state} = lower_all(tensors, state)
+    types = spec.operand_types || Enum.map(values, &elem_type/1)
+
+    if length(types) != length(values) do
+      raise ArgumentError,
+            "custom call #{target}: #{length(types)} operand_types for #{length(values)} operands"
+    end
+
+    results =
+      M.custom_call(
+        target,
+        Enum.zip_with(values, types, &cast/2),
+        [default] |> Composite.flatten_list() |> Enum.map(&type_of/1),
+        backend_config: Enum.map(spec.attributes, fn {k, v} -> {k, M.attribute(v)} end),
+        has_side_effect: spec.has_side_effect
+      )
+
+    {one_or_all(results, ans), state}
+  end
+
+  defp custom_call(spec, _tensors, _default, _ans, _state) do
+    raise ArgumentError,
+          "XlaNode.Compiler.CustomCall.Spec needs the kernel's target name, got #{inspect(spec)}"
   end
 
   defp apply_fun(%T{data: %Expr{op: :fun, args: [params, body, _mfa]}}, args, state) do

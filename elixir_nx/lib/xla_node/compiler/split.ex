@@ -1,14 +1,15 @@
 defmodule XlaNode.Compiler.Split do
   @moduledoc """
-  `callbacks: :split`: runs a `defn` whose `runtime_call`s run between programs instead of
-  inside one.
+  `callbacks: :split`: runs a `defn` whose `runtime_call`s and hooks run between programs
+  instead of inside one.
 
-  The expression is cut at each `runtime_call` (`Nx.Defn.Graph.split/2`). Every stage without
-  one is compiled and run on the node with its outputs kept there as buffers
+  The expression is cut at each `runtime_call` and hook (`Nx.Defn.Graph.split/2`). Every stage
+  without one is compiled and run on the node with its outputs kept there as buffers
   (`XlaNode.Backend`), so that the next stage takes them without a round trip; each stage
-  with one runs on the calling node (`Nx.Defn.Evaluator`), on its inputs read back from the
-  node. The results are the same as with callbacks inside the program; this mode suits
-  platforms that cannot run host callbacks.
+  with one runs on the calling node (`Nx.Defn.Evaluator`, with the call's `:hooks`), on its
+  inputs read back from the node. The results are the same as with callbacks inside the
+  program; this is the default on platforms that cannot run host callbacks. `Nx.Defn.Graph`
+  does not cut inside a `while` or `cond`: a callback there stays in the node's program.
   """
 
   alias Nx.Defn.{Composite, Expr, Graph}
@@ -19,7 +20,8 @@ defmodule XlaNode.Compiler.Split do
     output = fun.(vars)
     output_expr = [output] |> Composite.flatten_list() |> List.to_tuple()
     chain = Graph.split(output_expr, &cut/1)
-    node_opts = opts |> Keyword.delete(:callbacks) |> Keyword.put(:keep_on_device, true)
+    # Node stages have no callbacks left to cut, except inside a while or cond.
+    node_opts = opts |> Keyword.put(:callbacks, :inside) |> Keyword.put(:keep_on_device, true)
 
     fn [params] ->
       args = Enum.map(params, & &1.())
@@ -32,7 +34,7 @@ defmodule XlaNode.Compiler.Split do
     end
   end
 
-  defp cut(%T{data: %Expr{op: :runtime_call}}), do: :both
+  defp cut(%T{data: %Expr{op: op}}) when op in [:runtime_call, :hook], do: :both
   defp cut(_), do: :none
 
   # As Nx.Defn.Graph.run/3, choosing where each stage runs. Node stages are compiled under a
@@ -62,13 +64,13 @@ defmodule XlaNode.Compiler.Split do
   defp run_stage(expr, inputs, stage_key, node_opts) do
     if calls_back?(expr) do
       inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1) |> List.to_tuple()
-      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], compiler: Nx.Defn.Evaluator)
+      evaluator_opts = [compiler: Nx.Defn.Evaluator, hooks: Keyword.get(node_opts, :hooks, %{})]
+      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], evaluator_opts)
     else
       opts = [compiler: XlaNode.Compiler, stage_key: stage_key] ++ node_opts
       Nx.Defn.jit_apply(fn _ -> expr end, [inputs], opts)
     end
   end
 
-  # Hooks stay inside node programs (as io_calls); only runtime calls run on this node.
-  defp calls_back?(expr), do: XlaNode.Compiler.Lower.has_op?(expr, [:runtime_call])
+  defp calls_back?(expr), do: XlaNode.Compiler.Lower.has_op?(expr, [:runtime_call, :hook])
 end
