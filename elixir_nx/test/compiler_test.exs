@@ -615,5 +615,46 @@ defmodule XlaNode.CompilerTest do
     assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler).(Nx.tensor(1.0))
     end
+
+    x = Nx.tensor([1.0])
+    %{data: expr} = exp = Nx.Defn.debug_expr(&Nx.exp/1).(x)
+
+    assert_raise ArgumentError, ~r/cannot lower the Nx operation :made_up/, fn ->
+      XlaNode.Compiler.Lower.module([x], [%{exp | data: %{expr | op: :made_up}}])
+    end
+  end
+
+  test "an unreachable node, or one that goes down mid-call, fails the call naming it" do
+    error =
+      assert_raise XlaNode.Error, fn ->
+        Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler, node: :nowhere@nohost).(Nx.tensor(1.0))
+      end
+
+    assert error.message =~ "nowhere@nohost"
+
+    doomed = XlaNode.NxTest.Node.start!("xla_nx_doomed_#{System.pid()}")
+    parent = self()
+
+    stalled = fn x ->
+      Nx.runtime_call(x, x, [], fn t, _ ->
+        send(parent, :in_callback)
+        Process.sleep(:infinity)
+        t
+      end)
+    end
+
+    call =
+      Task.async(fn ->
+        try do
+          Nx.Defn.jit(stalled, compiler: XlaNode.Compiler, node: doomed.name).(Nx.tensor([1.0]))
+        rescue
+          e in XlaNode.Error -> e
+        end
+      end)
+
+    assert_receive :in_callback, 10_000
+    XlaNode.NxTest.Node.stop(doomed)
+    assert %XlaNode.Error{kind: :nodedown, message: message} = Task.await(call, 10_000)
+    assert message =~ Atom.to_string(doomed.name)
   end
 end

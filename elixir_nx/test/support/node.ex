@@ -3,7 +3,8 @@ defmodule XlaNode.NxTest.Node do
 
   @cookie :xla_nx_test
 
-  def start! do
+  @doc "Starts a node named `sname` (by default one per test run) and waits until it serves."
+  def start!(sname \\ "xla_nx_#{System.pid()}") do
     System.cmd("epmd", ["-daemon"])
 
     unless Node.alive?() do
@@ -15,7 +16,6 @@ defmodule XlaNode.NxTest.Node do
     bin =
       System.get_env("XLA_NODE_BIN") || Path.expand("../../../target/release/xla_node", __DIR__)
 
-    sname = "xla_nx_#{System.pid()}"
     {:ok, host} = :inet.gethostname()
     name = :"#{sname}@#{host}"
     # Through a shell that ends the node when this VM closes the port (its standard input),
