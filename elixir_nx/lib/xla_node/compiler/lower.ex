@@ -204,6 +204,7 @@ defmodule XlaNode.Compiler.Lower do
       case {op, M.category(ans.type)} do
         {op, int} when op in [:floor, :ceil, :round] and int in [:signed, :unsigned] -> v
         {:sign, :unsigned} -> M.select(M.compare(:eq, v, zero(v)), v, one(v))
+        {:cbrt, :complex} -> complex_cbrt(v)
         _ -> apply(M, @unary[op], [v])
       end
 
@@ -260,11 +261,8 @@ defmodule XlaNode.Compiler.Lower do
     multiply: :multiply,
     divide: :divide,
     quotient: :divide,
-    pow: :power,
     remainder: :remainder,
     atan2: :atan2,
-    min: :minimum,
-    max: :maximum,
     bitwise_and: :bitwise_and,
     bitwise_or: :bitwise_or,
     bitwise_xor: :bitwise_xor,
@@ -274,6 +272,23 @@ defmodule XlaNode.Compiler.Lower do
   defp op(op, [a, b], ans, state) when is_map_key(@arith, op) do
     {[va, vb], state} = operands([a, b], ans.type, ans, state)
     {apply(M, @arith[op], [va, vb]), state}
+  end
+
+  # XLA's integer power is wrong for large exponents ((-3)^100 in s16 came out -14639, not
+  # 5073): Nx's wraps like repeated multiplication, so square and multiply over every bit of
+  # the exponent.
+  defp op(:pow, [a, b], ans, state) do
+    {[va, vb], state} = operands([a, b], ans.type, ans, state)
+
+    if M.category(ans.type) in [:signed, :unsigned],
+      do: {integer_pow(va, vb), state},
+      else: {M.power(va, vb), state}
+  end
+
+  # XLA's CPU maximum and minimum can drop a NaN second operand; Nx's propagate NaN from either.
+  defp op(op, [a, b], ans, state) when op in [:max, :min] do
+    {[va, vb], state} = operands([a, b], ans.type, ans, state)
+    {extremum(op, va, vb), state}
   end
 
   defp op(:right_shift, [a, b], ans, state) do
@@ -421,8 +436,8 @@ defmodule XlaNode.Compiler.Lower do
       case op do
         :sum -> {cast(v, ans.type), M.constant(0, {ans.type, []}), &M.add/2}
         :product -> {cast(v, ans.type), M.constant(1, {ans.type, []}), &M.multiply/2}
-        :reduce_max -> {cast(v, ans.type), lowest(ans.type), &M.maximum/2}
-        :reduce_min -> {cast(v, ans.type), highest(ans.type), &M.minimum/2}
+        :reduce_max -> {cast(v, ans.type), lowest(ans.type), &extremum(:max, &1, &2)}
+        :reduce_min -> {cast(v, ans.type), highest(ans.type), &extremum(:min, &1, &2)}
         :all -> {to_pred(v), M.constant(true, {{:pred, 8}, []}), &M.bitwise_and/2}
         :any -> {to_pred(v), M.constant(false, {{:pred, 8}, []}), &M.bitwise_or/2}
       end
@@ -481,8 +496,8 @@ defmodule XlaNode.Compiler.Lower do
   @windows %{
     window_sum: {:add, 0},
     window_product: {:multiply, 1},
-    window_max: {:maximum, :lowest},
-    window_min: {:minimum, :highest}
+    window_max: {:max, :lowest},
+    window_min: {:min, :highest}
   }
 
   defp op(op, [x, window, opts], ans, state) when is_map_key(@windows, op) do
@@ -501,7 +516,11 @@ defmodule XlaNode.Compiler.Lower do
         cast(v, ans.type),
         init,
         Tuple.to_list(window),
-        fn [a, b] -> apply(M, combine, [a, b]) end,
+        fn [a, b] ->
+          if combine in [:max, :min],
+            do: extremum(combine, a, b),
+            else: apply(M, combine, [a, b])
+        end,
         window_opts(opts)
       )
 
@@ -529,10 +548,17 @@ defmodule XlaNode.Compiler.Lower do
     axis = opts[:axis] || 0
     direction = if opts[:direction] == :desc, do: :gt, else: :lt
 
+    # As Nx: NaN (any NaN) sorts last ascending and first descending, and -0.0 ties with 0.0
+    # (a total order would put -0.0 first, and -NaN first).
     compare = fn a, b ->
-      if M.category(elem_type(a)) == :float,
-        do: M.compare(direction, a, b, :totalorder),
-        else: M.compare(direction, a, b)
+      ordered = M.compare(direction, a, b)
+
+      if M.category(elem_type(a)) == :float do
+        {nan, other} = if direction == :lt, do: {b, a}, else: {a, b}
+        M.bitwise_or(ordered, M.bitwise_and(is_nan(nan), M.bitwise_not(is_nan(other))))
+      else
+        ordered
+      end
     end
 
     case op do
@@ -852,6 +878,38 @@ defmodule XlaNode.Compiler.Lower do
     |> M.fft(kind, lengths)
     |> permute(inverse_permutation(to_end))
     |> clean_up(eps)
+  end
+
+  defp integer_pow(base, exponent) do
+    {{_, bits}, _} = base.type
+
+    {result, _, _} =
+      Enum.reduce(1..bits, {one(base), base, exponent}, fn _, {acc, b, e} ->
+        odd = M.compare(:ne, M.bitwise_and(e, one(e)), zero(e))
+
+        {M.select(odd, M.multiply(acc, b), acc), M.multiply(b, b),
+         M.shift_right_logical(e, one(e))}
+      end)
+
+    result
+  end
+
+  defp extremum(op, a, b) do
+    value = if op == :max, do: M.maximum(a, b), else: M.minimum(a, b)
+
+    if M.category(elem_type(a)) == :float,
+      do: M.select(is_nan(a), a, M.select(is_nan(b), b, value)),
+      else: value
+  end
+
+  defp is_nan(v), do: M.compare(:ne, v, v)
+
+  # stablehlo.cbrt is real-only: the principal root, cbrt(|z|) e^(i arg(z) / 3), as Nx's.
+  defp complex_cbrt(v) do
+    r = M.cbrt(M.abs(v))
+    {_, d} = r.type
+    theta = M.divide(M.atan2(M.imag(v), M.real(v)), M.constant(3, {elem_type(r), d}))
+    M.complex(M.multiply(r, M.cosine(theta)), M.multiply(r, M.sine(theta)))
   end
 
   defp permute(v, perm) do
