@@ -438,13 +438,21 @@ impl Client {
         &self.0.platform_name
     }
 
+    /// This client's platform as XLA's FFI registry names it (`Host`, `CUDA`, ...), which is
+    /// not how PJRT names it (`cpu`, `cuda`, ...).
+    pub(crate) fn ffi_platform(&self) -> &str {
+        match self.platform_name().to_ascii_lowercase().as_str() {
+            "cpu" | "host" => "Host",
+            "cuda" | "gpu" => "CUDA",
+            "rocm" => "ROCM",
+            _ => self.platform_name(),
+        }
+    }
+
     /// Whether this client's programs can call the host handlers (`register_host_handler`):
     /// those are registered for XLA's Host platform, which only CPU programs run on.
     pub fn runs_host_handlers(&self) -> bool {
-        matches!(
-            self.platform_name().to_ascii_lowercase().as_str(),
-            "cpu" | "host"
-        )
+        self.ffi_platform() == "Host"
     }
 
     /// Platform version string.

@@ -184,7 +184,7 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
     register(
         api,
         &spec.target,
-        ffi_platform(client.platform_name()),
+        client.ffi_platform(),
         registered,
         if shimmed { 0 } else { metadata.traits },
     )
@@ -201,16 +201,6 @@ pub fn load_kernel(client: &Client, spec: &KernelSpec) -> Result<Loaded, KernelE
     };
     kernels.push(loaded.clone());
     Ok(Loaded::New(loaded))
-}
-
-/// XLA's FFI registry names platforms as XLA does, not as PJRT does.
-fn ffi_platform(pjrt_platform: &str) -> &str {
-    match pjrt_platform.to_ascii_lowercase().as_str() {
-        "cpu" | "host" => "Host",
-        "cuda" | "gpu" => "CUDA",
-        "rocm" => "ROCM",
-        _ => pjrt_platform,
-    }
 }
 
 /// The plugin's FFI API table; it is learnt from the first metadata query XLA sends, so a
