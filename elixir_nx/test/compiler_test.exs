@@ -461,19 +461,7 @@ defmodule XlaNode.CompilerTest do
       end)
 
     assert out =~ "4.0"
-    parent = self()
-
-    f =
-      Nx.Defn.jit(&hooked/1,
-        compiler: XlaNode.Compiler,
-        node: xla(),
-        callbacks: :split,
-        hooks: %{doubled: &send(parent, {:hooked, &1})}
-      )
-
-    assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [3.0, 5.0]
-    assert_receive {:hooked, doubled}
-    assert Nx.to_flat_list(doubled) == [2.0, 4.0]
+    assert_hook_overridden(callbacks: :split)
   end
 
   test "a CPU node runs callbacks inside the program unless told to split" do
@@ -548,19 +536,20 @@ defmodule XlaNode.CompilerTest do
 
   defn(hooked(x), do: hook(x * 2, :doubled) + 1)
 
-  test "hooks run on the caller, and hooks: overrides a named hook" do
+  # `hooked/1` with its hook overridden by `hooks:` (and `opts`): the override gets the value.
+  defp assert_hook_overridden(opts) do
     parent = self()
-
-    f =
-      Nx.Defn.jit(&hooked/1,
-        compiler: XlaNode.Compiler,
-        node: xla(),
-        hooks: %{doubled: &send(parent, {:hooked, &1})}
-      )
+    hooks = %{doubled: &send(parent, {:hooked, &1})}
+    jit_opts = [compiler: XlaNode.Compiler, node: xla(), hooks: hooks] ++ opts
+    f = Nx.Defn.jit(&hooked/1, jit_opts)
 
     assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [3.0, 5.0]
     assert_receive {:hooked, doubled}
     assert Nx.to_flat_list(doubled) == [2.0, 4.0]
+  end
+
+  test "hooks run on the caller, and hooks: overrides a named hook" do
+    assert_hook_overridden([])
   end
 
   test "types the node has not raise when the function is compiled" do
