@@ -25,21 +25,17 @@ defmodule XlaNode.Compiler.Cache do
   What the compiler needs to know of `node`: `%{platform: platform, host_callbacks: boolean}`,
   asked once per connection.
   """
-  def node_info(node) do
-    case :ets.lookup(@table, {:node_info, node}) do
-      [{_, info}] ->
+  def node_info(node), do: get({:node_info, node}) || fetch_node_info(node)
+
+  defp fetch_node_info(node) do
+    case XlaNode.info(node) do
+      {:ok, %{platform: _, host_callbacks: _} = info} ->
+        info = Map.take(info, [:platform, :host_callbacks])
+        :ets.insert(@table, {{:node_info, node}, info})
         info
 
-      [] ->
-        case XlaNode.info(node) do
-          {:ok, %{platform: platform, host_callbacks: host_callbacks}} ->
-            info = %{platform: platform, host_callbacks: host_callbacks}
-            :ets.insert(@table, {{:node_info, node}, info})
-            info
-
-          {:error, error} ->
-            raise error
-        end
+      {:error, error} ->
+        raise error
     end
   end
 
