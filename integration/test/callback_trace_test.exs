@@ -20,7 +20,8 @@ defmodule XlaNode.CallbackTraceTest do
     expected = Load.plus_one(bin)
 
     for _ <- 1..n do
-      assert {:ok, [{^expected, _}]} = GenServer.call({:xla, node.name}, {:run, exe, [x], [callback_server: server]})
+      assert {:ok, [{^expected, _}]} =
+               GenServer.call({:xla, node.name}, {:run, exe, [x], [callback_server: server]})
     end
   end
 
@@ -31,7 +32,19 @@ defmodule XlaNode.CallbackTraceTest do
 
     assert %{trace: trace} = callbacks_info(node)
     assert trace.samples == 50
-    steps = [trace.built, trace.written, trace.reply_read, trace.delivered, trace.woken, trace.returned]
+
+    steps = [
+      trace.resolved,
+      trace.registered,
+      trace.built,
+      trace.encoded,
+      trace.written,
+      trace.reply_read,
+      trace.delivered,
+      trace.woken,
+      trace.returned
+    ]
+
     assert Enum.all?(steps, &(is_float(&1) and &1 > 0))
     assert steps == Enum.sort(steps), "steps out of order: #{inspect(trace)}"
   end

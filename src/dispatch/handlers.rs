@@ -58,6 +58,7 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
         (resolved, spec, copies)
     };
     let expected = expected_outputs(&ret_specs[num_aliased..], &what)?;
+    crate::node::probe::mark(crate::node::probe::Step::Resolved);
     let Resolved { dest, run } = resolved;
     let timeout = run.as_ref().map_or(d.default_timeout, |r| r.timeout);
     let reply = d

@@ -135,6 +135,7 @@ impl Waiters {
             }
         };
         counters.pending.fetch_add(1, Ordering::Relaxed);
+        probe::mark(Step::Registered);
         let tag = tuple(vec![
             Term::from(waiter.pid().clone()),
             Term::from(cref.clone()),

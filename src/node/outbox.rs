@@ -78,7 +78,9 @@ impl Outbox {
         };
         drop(state);
         // Encode outside the lock: a large message must not hold up other senders.
-        let mut frame = match frame::encode_owned(&control.to_term(), payload, header_format) {
+        let encoded = frame::encode_owned(&control.to_term(), payload, header_format);
+        super::probe::mark(super::probe::Step::Encoded);
+        let mut frame = match encoded {
             Encoded::Large(body) => {
                 return self.hand_over(self.lock(), Outgoing::Large { sender, body })
             }

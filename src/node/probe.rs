@@ -2,11 +2,12 @@
 //! `XLA_NODE_CALLBACK_TRACE=1` is set at start-up. Off, each probe is one load of a flag that
 //! never changes, and nothing is recorded.
 //!
-//! The steps, in order (see docs/performance.md): the custom call is [`Step::Entered`], the
-//! request term is [`Step::Built`] and [`Step::Written`] (handed to the connection), the reply's
-//! frame is [`Step::ReplyRead`] off the socket and decoded, [`Step::Delivered`] into the waiting
-//! process's mailbox, the waiting thread [`Step::Woken`] holds it, and the custom call
-//! [`Step::Returned`].
+//! The steps, in order (see docs/performance.md): the custom call is [`Step::Entered`], its
+//! target is [`Step::Resolved`] (operands copied), the wait is [`Step::Registered`] (waiter,
+//! reference, monitors), the request term is [`Step::Built`], [`Step::Encoded`] into a frame and
+//! [`Step::Written`] (handed to the connection), the reply's frame is [`Step::ReplyRead`] off the
+//! socket and decoded, [`Step::Delivered`] into the waiting process's mailbox, the waiting thread
+//! [`Step::Woken`] holds it, and the custom call [`Step::Returned`].
 //!
 //! The custom call's thread keeps its callback's marks in a thread-local; the network side finds
 //! them through the waiting process's pid, registered while the callback waits. Each finished
@@ -24,7 +25,10 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     Entered,
+    Resolved,
+    Registered,
     Built,
+    Encoded,
     Written,
     ReplyRead,
     Delivered,
@@ -32,9 +36,15 @@ pub enum Step {
     Returned,
 }
 
+/// How many steps are measured: all but `Entered`.
+const STEPS: usize = 9;
+
 /// The steps measured from `Entered`, with the names `:info` gives them.
-pub const MEASURED: [(Step, &str); 6] = [
+pub const MEASURED: [(Step, &str); STEPS] = [
+    (Step::Resolved, "resolved"),
+    (Step::Registered, "registered"),
     (Step::Built, "built"),
+    (Step::Encoded, "encoded"),
     (Step::Written, "written"),
     (Step::ReplyRead, "reply_read"),
     (Step::Delivered, "delivered"),
@@ -55,7 +65,7 @@ type Waiting = HashMap<(u32, u32), Arc<Marks>>;
 static WAITING: LazyLock<Mutex<Waiting>> = LazyLock::new(Mutex::default);
 
 /// Finished callbacks: microseconds from `Entered` to each step of [`MEASURED`].
-static LOG: LazyLock<Mutex<VecDeque<[f64; 6]>>> = LazyLock::new(Mutex::default);
+static LOG: LazyLock<Mutex<VecDeque<[f64; STEPS]>>> = LazyLock::new(Mutex::default);
 
 thread_local! {
     /// The callback the custom call on this thread is serving.
@@ -66,17 +76,17 @@ thread_local! {
 
 /// Nanoseconds since [`EPOCH`] per step; 0 = not reached.
 #[derive(Default)]
-struct Marks([AtomicU64; 7]);
+struct Marks([AtomicU64; STEPS + 1]);
 
 impl Marks {
     fn set(&self, step: Step, at: u64) {
         self.0[step as usize].store(at, Ordering::Relaxed);
     }
 
-    fn sample(&self) -> Option<[f64; 6]> {
+    fn sample(&self) -> Option<[f64; STEPS]> {
         let at = |s: Step| self.0[s as usize].load(Ordering::Relaxed);
         let entered = at(Step::Entered);
-        let mut sample = [0.0; 6];
+        let mut sample = [0.0; STEPS];
         for (slot, (step, _)) in sample.iter_mut().zip(MEASURED) {
             let t = at(step);
             if t == 0 || entered == 0 {
@@ -184,12 +194,12 @@ pub fn delivered(pid: &Pid) {
 
 /// The median microseconds from `Entered` to each step of [`MEASURED`], and the samples they
 /// come from; `None` while tracing is off.
-pub fn medians() -> Option<(usize, [f64; 6])> {
+pub fn medians() -> Option<(usize, [f64; STEPS])> {
     if !enabled() {
         return None;
     }
     let log = lock(&LOG);
-    let mut medians = [0.0; 6];
+    let mut medians = [0.0; STEPS];
     for (i, median) in medians.iter_mut().enumerate() {
         let mut column: Vec<f64> = log.iter().map(|s| s[i]).collect();
         column.sort_by(f64::total_cmp);
