@@ -60,6 +60,21 @@ defmodule Bench do
   end
 
   def report(title, rows), do: IO.puts("\n## #{title}\n" <> Enum.map_join(rows, "\n", fn r -> "  " <> r end))
+  # With XLA_NODE_CALLBACK_TRACE=1 in the node's environment, :info has the median time from a
+  # custom call's start to each step of its callback, over the last 100,000 callbacks
+  # (docs/performance.md names the steps); [] otherwise.
+  def trace(xla) do
+    case GenServer.call({:xla, xla}, :info) do
+      {:ok, %{callbacks: %{trace: t}}} ->
+        steps = [:resolved, :registered, :built, :encoded, :written, :reply_read, :delivered, :woken, :returned]
+        ["  steps inside the node (XLA_NODE_CALLBACK_TRACE=1; median us from the custom call's start, over #{t.samples} callbacks):"] ++
+          Enum.map(steps, fn step -> "    #{step}: #{Float.round(t[step], 1)}" end)
+
+      _ ->
+        []
+    end
+  end
+
   def us(x), do: :erlang.float_to_binary(x / 1, decimals: 1) <> " us"
 
   # main(x: f32[4]) = x + 1, the tiny program several parts run, and an argument for it.
@@ -158,18 +173,7 @@ if parts in ["all", "callbacks"] do
   # millisecond. Between two callbacks the callback server's node idles for as long as a run
   # lasts; back to back, the two nodes never idle and their schedulers keep spinning.
   idle_rt = Bench.median(for _ <- 1..2000, do: (Process.sleep(1); Bench.time(round_trip)))
-  # With XLA_NODE_CALLBACK_TRACE=1 in the node's environment, :info has the median time from a
-  # custom call's start to each step of its callback (docs/performance.md names the steps).
-  trace =
-    case GenServer.call({:xla, xla}, :info) do
-      {:ok, %{callbacks: %{trace: t}}} ->
-        steps = [:resolved, :registered, :built, :encoded, :written, :reply_read, :delivered, :woken, :returned]
-        ["  steps inside the node (XLA_NODE_CALLBACK_TRACE=1; median us from the custom call's start, over #{t.samples} callbacks):"] ++
-          Enum.map(steps, fn step -> "    #{step}: #{Float.round(t[step], 1)}" end)
-
-      _ ->
-        []
-    end
+  trace = Bench.trace(xla)
 
   Bench.report("one callback to a process on another BEAM node (10,000 each, interleaved)", [
     "run with callback:    median #{Bench.us(Bench.median(s.with))}",
@@ -206,12 +210,13 @@ if parts in ["all", "callbacks"] do
 
   {:ok, loop_exe} = GenServer.call({:xla, xla}, {:compile, loop_cb})
   {:ok, [^x]} = GenServer.call({:xla, xla}, {:run, loop_exe, [x], opts}, 60_000)
-  loop_runs = for _ <- 1..5, do: Bench.time(fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, loop_exe, [x], opts}, 60_000) end)
+  # Ten runs: the trace's last 100,000 callbacks are then all the loop's.
+  loop_runs = for _ <- 1..10, do: Bench.time(fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, loop_exe, [x], opts}, 60_000) end)
   per_iteration = Bench.median(loop_runs) / iterations
-  Bench.report("#{iterations} callbacks in a while loop (5 runs)", [
+  Bench.report("#{iterations} callbacks in a while loop (10 runs)", [
     "per iteration: median #{Bench.us(per_iteration)}",
     "ratio per iteration/the faster of the two round trips: #{Float.round(per_iteration / min(rt, idle_rt), 3)}  (target <= 2)"
-  ])
+  ] ++ Bench.trace(xla))
 
   n = 16 * 1024 * 1024
   {:ok, big_exe} = GenServer.call({:xla, xla}, {:compile, with_cb.("tensor<#{n}xui8>")})
