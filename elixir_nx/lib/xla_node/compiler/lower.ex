@@ -707,7 +707,7 @@ defmodule XlaNode.Compiler.Lower do
   # A block becomes a custom call when an `XlaNode.Compiler.CustomCall` implementation says so;
   # otherwise one StableHLO op where StableHLO expresses it, and its default expression if not.
   defp op(:block, [struct, in_args, default, _fun] = args, ans, state) do
-    {tensors, _opts} = Enum.split_while(in_args, &(not is_list(&1)))
+    tensors = block_tensors(in_args)
     templates = Enum.map(tensors, &Nx.to_template/1)
 
     case XlaNode.Compiler.CustomCall.call(
@@ -817,14 +817,16 @@ defmodule XlaNode.Compiler.Lower do
     {fft_along(cast(v, ans.type), kind, b.axes, b.lengths, b.eps), state}
   end
 
-  # A block's default expression is written over its own parameters, one per tensor argument
-  # (the arguments before its options): lowered like a function body, with those as parameters.
+  # A block's default expression is written over its own parameters, one per tensor argument:
+  # lowered like a function body, with those as parameters.
   defp block([_struct, in_args, default, _fun], _ans, state) do
-    {args, _opts} = Enum.split_while(in_args, &(not is_list(&1)))
-    {values, state} = lower_all(args, state)
+    {values, state} = lower_all(block_tensors(in_args), state)
     {value, _} = lower_first(default, %{state | params: values, cache: %{}, loop: %{}})
     {value, state}
   end
+
+  # A block's tensor arguments: those before its options (a keyword list), if it has any.
+  defp block_tensors(in_args), do: Enum.take_while(in_args, &(not is_list(&1)))
 
   ## Helpers
 
