@@ -173,7 +173,7 @@ impl Request {
                 [_, Term::Reference(r)] => Ok(Request::Free(*r)),
                 [_, other] => Err(argument(format!("unknown or freed reference {other}"))),
             },
-            ("load_kernel", 5 | 6) => {
+            ("load_kernel", 4 | 5) => {
                 let mut e = elements.into_iter().skip(1);
                 let mut text = |what: &str| {
                     let term = e.next().expect("arity checked");
