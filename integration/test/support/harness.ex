@@ -74,8 +74,12 @@ defmodule XlaNode.Harness do
     Path.join(base, "xla_node/jax")
   end
 
-  @doc "A fresh node/peer name (no host part)."
-  def unique_name(prefix \\ "xla_t"), do: "#{prefix}#{System.unique_integer([:positive])}"
+  @doc """
+  A fresh node/peer name (no host part), unique on this machine: the test VM's OS pid keeps two
+  suites running at once from registering the same name with epmd.
+  """
+  def unique_name(prefix \\ "xla_t"),
+    do: "#{prefix}#{System.pid()}_#{System.unique_integer([:positive])}"
 
   @doc "The short host name, as both `erl -sname` and `xla_node --sname` complete names."
   def host do
