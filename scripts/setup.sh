@@ -9,6 +9,16 @@ cd "$(dirname "$0")/.."
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
+# Runs a command with its output held back, and shows it only if the command fails (apt and pip
+# talk on stderr even when all goes well).
+quiet() {
+    local out
+    if ! out=$("$@" </dev/null 2>&1); then
+        printf '%s\n' "$out" >&2
+        return 1
+    fi
+}
+
 packages=()
 command -v erl >/dev/null 2>&1 || packages+=(erlang-nox)
 command -v elixir >/dev/null 2>&1 || packages+=(elixir)
@@ -16,14 +26,14 @@ if ((${#packages[@]})); then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
     log "installing ${packages[*]} from apt"
-    $sudo apt-get update -qq </dev/null >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" </dev/null >/dev/null
+    quiet $sudo apt-get update -qq
+    quiet $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"
 fi
 
 plugin_dir="${XDG_DATA_HOME:-$HOME/.local/share}/xla_node/pjrt"
 if [ ! -f "$plugin_dir/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so" ]; then
     log "installing the PJRT CPU plugin (xla-cpu-pjrt) into $plugin_dir"
-    python3 -m pip install -q --disable-pip-version-check --no-input --target "$plugin_dir" xla-cpu-pjrt </dev/null
+    quiet python3 -m pip install -q --disable-pip-version-check --no-input --target "$plugin_dir" xla-cpu-pjrt
 fi
 
 command -v cargo >/dev/null 2>&1 || { log "cargo not found: install Rust (https://rustup.rs) first"; exit 1; }
