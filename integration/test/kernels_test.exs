@@ -18,9 +18,7 @@ defmodule XlaNode.KernelsTest do
   @symbols ~w(xn_add_scaled xn_sum_max xn_attrs xn_fail xn_increment)
 
   setup_all do
-    {out, status} = System.cmd("bash", [Path.join(@root, "scripts/kernels.sh")], stderr_to_stdout: true)
-    assert status == 0, "scripts/kernels.sh failed:\n#{out}"
-    :ok
+    Harness.ensure_kernels!()
   end
 
   defp kernel_args(lib, symbols \\ @symbols),
