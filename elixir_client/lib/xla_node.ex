@@ -34,6 +34,12 @@ defmodule XlaNode do
   Executables and device buffers are references owned by the process that created them: the
   node frees them when it exits, or explicitly with `free/3`.
 
+  ## Options
+
+  Each function documents the options it takes. An option it does not know (a typo such as
+  `keep_on_devise: true`), or a known one with a value of the wrong kind, raises an
+  `ArgumentError` that names the option and lists the valid ones, before anything is sent.
+
   ## Timeouts
 
   Every function takes a `:timeout` option (milliseconds or `:infinity`). `compile/3` and `run/4`,
@@ -42,9 +48,17 @@ defmodule XlaNode do
   `:nodedown` error), because `GenServer.call/3` monitors the server.
   """
 
-  alias XlaNode.Error
+  alias XlaNode.{Error, Options}
 
   @default_timeout 60_000
+
+  @run_options [
+    keep_on_device: :boolean,
+    callback_server: :process,
+    callback_timeout: :positive_timeout,
+    queue_timeout: :timeout,
+    timeout: :timeout
+  ]
 
   @typedoc "A node name (meaning `{:xla, node}`) or any `GenServer` server."
   @type server :: node() | GenServer.server()
@@ -63,7 +77,10 @@ defmodule XlaNode do
   @doc """
   Compiles a StableHLO/MLIR module (text or bytecode) into an executable.
 
-  Options: `:timeout` (default `:infinity`). Any other options are passed to the node.
+  Options:
+
+    * `:timeout` - how long to wait for the executable, in milliseconds or `:infinity` (default
+      `:infinity`)
 
   ## Examples
 
@@ -80,10 +97,8 @@ defmodule XlaNode do
   """
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
-    {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
-    mlir = IO.iodata_to_binary(mlir)
-    request = if node_opts == [], do: {:compile, mlir}, else: {:compile, mlir, node_opts}
-    call(server, request, timeout)
+    opts = Options.validate!(opts, "XlaNode.compile/3", timeout: :timeout)
+    call(server, {:compile, IO.iodata_to_binary(mlir)}, Keyword.get(opts, :timeout, :infinity))
   end
 
   @doc """
@@ -103,19 +118,19 @@ defmodule XlaNode do
 
   Options:
 
-    * `:keep_on_device` - leave the results on the device and return buffers (default `false`)
+    * `:keep_on_device` - a boolean: leave the results on the device and return buffers
+      (default `false`)
     * `:callback_server` - the process that serves the program's host callbacks, usually an
       `XlaNode.CallbackServer`: a pid, `{name, node}`, or a bare atom, which is taken as a name
       registered on *this* node (`{name, node()}`). The node supplies the callback handle
       parameter itself, so `args` leave it out.
-    * `:callback_timeout` - how long the node waits for each callback reply, in milliseconds or
-      `:infinity`
+    * `:callback_timeout` - how long the node waits for each callback reply, in milliseconds
+      (positive) or `:infinity` (default: the node's `--callback-timeout`)
     * `:queue_timeout` - how long the run may wait for a place when the node already executes as
       many runs as it admits at once, in milliseconds or `:infinity` (default: the node's
       `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
-    * `:timeout` - how long to wait for the result (default `:infinity`)
-
-  Other options are passed to the node as they are.
+    * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
+      `:infinity`)
 
   ## Examples
 
@@ -130,6 +145,7 @@ defmodule XlaNode do
   @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
           {:ok, [tensor() | buffer()]} | error()
   def run(server, exe, args, opts \\ []) when is_list(args) do
+    opts = Options.validate!(opts, "XlaNode.run/4", @run_options)
     {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
 
     node_opts =
@@ -162,7 +178,7 @@ defmodule XlaNode do
   """
   @spec to_device(server(), tensor(), keyword()) :: {:ok, buffer()} | error()
   def to_device(server, tensor, opts \\ []),
-    do: call(server, {:to_device, tensor}, timeout(opts))
+    do: call(server, {:to_device, tensor}, timeout!(opts, "XlaNode.to_device/3"))
 
   @doc """
   Like `to_device/3` but returns the buffer or raises `XlaNode.Error`.
@@ -180,7 +196,8 @@ defmodule XlaNode do
       {:ok, tensor} = XlaNode.read(:"xla@host", buf)
   """
   @spec read(server(), buffer(), keyword()) :: {:ok, tensor()} | error()
-  def read(server, buffer, opts \\ []), do: call(server, {:read, buffer}, timeout(opts))
+  def read(server, buffer, opts \\ []),
+    do: call(server, {:read, buffer}, timeout!(opts, "XlaNode.read/3"))
 
   @doc """
   Like `read/3` but returns the tensor or raises `XlaNode.Error`.
@@ -200,7 +217,7 @@ defmodule XlaNode do
   """
   @spec free(server(), executable() | buffer(), keyword()) :: :ok | error()
   def free(server, ref, opts \\ []) do
-    case call(server, {:free, ref}, timeout(opts)) do
+    case call(server, {:free, ref}, timeout!(opts, "XlaNode.free/3")) do
       {:ok, :ok} -> :ok
       {:error, _} = error -> error
     end
@@ -229,7 +246,7 @@ defmodule XlaNode do
   """
   @spec ping(server(), keyword()) :: :pong | error()
   def ping(server, opts \\ []) do
-    case call(server, :ping, timeout(opts)) do
+    case call(server, :ping, timeout!(opts, "XlaNode.ping/2")) do
       {:ok, :pong} -> :pong
       {:ok, other} -> {:error, Error.from_reason(other)}
       {:error, _} = error -> error
@@ -245,7 +262,7 @@ defmodule XlaNode do
       {:ok, %{platform: "cpu", devices: devices}} = XlaNode.info(:"xla@host")
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
-  def info(server, opts \\ []), do: call(server, :info, timeout(opts))
+  def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))
 
   @doc """
   Loads a native kernel on a running node: the XLA FFI handler that the shared library `path`
@@ -261,11 +278,11 @@ defmodule XlaNode do
 
   Options:
 
-    * `:version_shim` - load a kernel built against a newer XLA FFI than the node's XLA speaks
-      (for instance jaxlib 0.9 headers, FFI 0.3, on an FFI 0.2 node) by answering its version
-      query in its place. Safe only for kernels without FFI state. Default: as the node's
-      `--kernel-version-shim` says (off).
-    * `:timeout` - default `60_000`.
+    * `:version_shim` - a boolean: load a kernel built against a newer XLA FFI than the node's
+      XLA speaks (for instance jaxlib 0.9 headers, FFI 0.3, on an FFI 0.2 node) by answering its
+      version query in its place. Safe only for kernels without FFI state. Default: as the
+      node's `--kernel-version-shim` says (off).
+    * `:timeout` - milliseconds or `:infinity` (default `60_000`)
 
       :ok = XlaNode.load_kernel(node, "my_softplus", "libmy_kernels.so", "MySoftplus")
       {:error, %XlaNode.Error{kind: :kernel_error, message: message}} =
@@ -274,20 +291,17 @@ defmodule XlaNode do
   @spec load_kernel(server(), String.t() | atom(), Path.t(), String.t() | atom(), keyword()) ::
           :ok | error()
   def load_kernel(server, target, path, symbol, opts \\ []) do
-    {shim, opts} = Keyword.pop(opts, :version_shim)
+    opts =
+      Options.validate!(opts, "XlaNode.load_kernel/5", version_shim: :boolean, timeout: :timeout)
 
     with :ok <- check_name(:target, target),
          :ok <- check_name(:symbol, symbol),
-         :ok <- check_path(path),
-         :ok <- check_shim(shim),
-         :ok <- check_options(opts, [:timeout]) do
-      node_opts = if shim == nil, do: [], else: [version_shim: shim]
-
+         :ok <- check_path(path) do
       request =
         {:load_kernel, to_string(target), IO.chardata_to_string(path), to_string(symbol),
-         node_opts}
+         Keyword.take(opts, [:version_shim])}
 
-      case call(server, request, timeout(opts)) do
+      case call(server, request, Keyword.get(opts, :timeout, @default_timeout)) do
         {:ok, :ok} -> :ok
         {:ok, other} -> {:error, Error.from_reason(other)}
         {:error, _} = error -> error
@@ -321,7 +335,12 @@ defmodule XlaNode do
 
   ## Internals
 
-  defp timeout(opts), do: Keyword.get(opts, :timeout, @default_timeout)
+  # The :timeout of a function whose only option it is.
+  defp timeout!(opts, function) do
+    opts
+    |> Options.validate!(function, timeout: :timeout)
+    |> Keyword.get(:timeout, @default_timeout)
+  end
 
   # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
   # reply with a bare value (:ping, :free) come back as {:ok, value}.
@@ -355,18 +374,6 @@ defmodule XlaNode do
 
   defp check_path(path),
     do: argument_error("the kernel path must be a string, got: #{inspect(path)}")
-
-  defp check_shim(shim) when shim in [nil, true, false], do: :ok
-
-  defp check_shim(shim),
-    do: argument_error(":version_shim must be a boolean, got: #{inspect(shim)}")
-
-  defp check_options(opts, known) do
-    case Keyword.keys(opts) -- known do
-      [] -> :ok
-      unknown -> argument_error("unknown options #{inspect(unknown)} (known: #{inspect(known)})")
-    end
-  end
 
   defp argument_error(message) do
     {:error, %Error{kind: :argument_error, message: message, reason: {:argument_error, message}}}

@@ -162,10 +162,14 @@ defmodule XlaNode.CallbackServerTest do
     assert is_pid(Process.whereis(sup_name))
   end
 
-  test "bad arguments" do
-    Process.flag(:trap_exit, true)
-    assert {:error, {%ArgumentError{}, _}} = CallbackServer.start_link(:nope)
-    assert {:error, {%ArgumentError{}, _}} = CallbackServer.start_link(%{}, outfeed: 12)
+  test "bad arguments raise in the caller, before a process starts" do
+    assert_raise ArgumentError, ~r/callbacks must be a function of two arguments/, fn ->
+      CallbackServer.start_link(:nope)
+    end
+
+    assert_raise ArgumentError, ~r/option :outfeed must be a pid/, fn ->
+      CallbackServer.start_link(%{}, outfeed: 12)
+    end
   end
 
   describe "outfeed" do

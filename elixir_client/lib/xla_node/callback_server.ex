@@ -38,10 +38,14 @@ defmodule XlaNode.CallbackServer do
 
   ## Options
 
-    * `:name` - registers the server (as with `GenServer.start_link/3`)
-    * `:outfeed` - where outfeed values go: a pid (or registered name), which receives
-      `{:xla_outfeed, args}`, or a function of one argument called with `args` (in the server
-      process, one at a time, in arrival order). Without it outfeed values are dropped.
+    * `:name` - registers the server (as with `GenServer.start_link/3`): an atom,
+      `{:global, term}` or `{:via, module, term}`
+    * `:outfeed` - where outfeed values go: a pid, a registered name or `{name, node}`, which
+      receives `{:xla_outfeed, args}`, or a function of one argument called with `args` (in the
+      server process, one at a time, in arrival order). Without it outfeed values are dropped.
+    * `:debug`, `:spawn_opt`, `:hibernate_after` - as for `GenServer.start_link/3`
+
+  Any other option raises an `ArgumentError` listing these.
 
   ## Example
 
@@ -60,7 +64,16 @@ defmodule XlaNode.CallbackServer do
 
   require Logger
 
-  alias XlaNode.Tensor
+  alias XlaNode.{Options, Tensor}
+
+  @options [
+    name: :name,
+    outfeed: :outfeed,
+    debug: :list,
+    spawn_opt: :list,
+    hibernate_after: :timeout
+  ]
+  @gen_server_options [:name, :debug, :spawn_opt, :hibernate_after]
 
   @typedoc "A callback: see the module documentation."
   @type callback ::
@@ -74,8 +87,10 @@ defmodule XlaNode.CallbackServer do
 
   @type option ::
           {:name, GenServer.name()}
-          | {:outfeed, pid() | atom() | (list() -> any())}
-          | {atom(), term()}
+          | {:outfeed, pid() | atom() | {atom(), node()} | (list() -> any())}
+          | {:debug, list()}
+          | {:spawn_opt, list()}
+          | {:hibernate_after, timeout()}
 
   ## API
 
@@ -88,7 +103,7 @@ defmodule XlaNode.CallbackServer do
   """
   @spec start_link(callbacks(), [option()]) :: GenServer.on_start()
   def start_link(callbacks, opts \\ []) do
-    {gen_opts, opts} = Keyword.split(opts, [:name, :debug, :spawn_opt, :hibernate_after])
+    {gen_opts, opts} = split_options!(callbacks, opts, "start_link/2")
     GenServer.start_link(__MODULE__, {callbacks, opts}, gen_opts)
   end
 
@@ -99,7 +114,7 @@ defmodule XlaNode.CallbackServer do
   """
   @spec start(callbacks(), [option()]) :: GenServer.on_start()
   def start(callbacks, opts \\ []) do
-    {gen_opts, opts} = Keyword.split(opts, [:name, :debug, :spawn_opt, :hibernate_after])
+    {gen_opts, opts} = split_options!(callbacks, opts, "start/2")
     GenServer.start(__MODULE__, {callbacks, opts}, gen_opts)
   end
 
@@ -110,7 +125,9 @@ defmodule XlaNode.CallbackServer do
       children = [{XlaNode.CallbackServer, {%{double: &double/1}, name: MyCallbacks}}]
   """
   @spec child_spec(callbacks() | {callbacks(), [option()]}) :: Supervisor.child_spec()
-  def child_spec({callbacks, opts}) when is_list(opts) do
+  def child_spec({callbacks, opts}) do
+    split_options!(callbacks, opts, "child_spec/1")
+
     %{
       id: Keyword.get(opts, :name, __MODULE__),
       start: {__MODULE__, :start_link, [callbacks, opts]}
@@ -152,26 +169,26 @@ defmodule XlaNode.CallbackServer do
 
   ## GenServer
 
-  @impl true
-  def init({callbacks, opts}) do
+  # Checks the callbacks and the options in the caller, before any process starts; returns the
+  # GenServer's options and the server's own.
+  defp split_options!(callbacks, opts, function) do
     unless is_function(callbacks, 2) or is_map(callbacks) do
       raise ArgumentError,
-            "callbacks must be a function of two arguments or a map of functions, " <>
-              "got #{inspect(callbacks)}"
+            "#{inspect(__MODULE__)}.#{function}: callbacks must be a function of two arguments " <>
+              "or a map of functions, got: #{inspect(callbacks)}"
     end
 
-    outfeed = Keyword.get(opts, :outfeed)
+    opts
+    |> Options.validate!("#{inspect(__MODULE__)}.#{function}", @options)
+    |> Keyword.split(@gen_server_options)
+  end
 
-    unless outfeed == nil or is_pid(outfeed) or is_atom(outfeed) or is_function(outfeed, 1) or
-             match?({name, node} when is_atom(name) and is_atom(node), outfeed) do
-      raise ArgumentError,
-            "outfeed must be a pid, a name or a function of one argument, got #{inspect(outfeed)}"
-    end
-
+  @impl true
+  def init({callbacks, opts}) do
     {:ok,
      %{
        callbacks: callbacks,
-       outfeed: outfeed,
+       outfeed: Keyword.get(opts, :outfeed),
        # infeed values pushed and not taken yet, and infeed requests waiting for a value
        infeed: :queue.new(),
        waiting: :queue.new(),

@@ -6,8 +6,10 @@ defmodule XlaNode.MLIR do
 
   Types are the client's `{type, dims}` (see `XlaNode.Tensor`): `{{:f, 32}, [2, 3]}` is
   `tensor<2x3xf32>`. A mismatch raises `ArgumentError` naming the op, the operands' types and
-  what was expected, before anything reaches a node. The same program always gives the same
-  text, so the node's compile cache hits.
+  what was expected, before anything reaches a node. Ops that take options (a keyword list,
+  documented with each) check them the same way: an unknown option, or a value of the wrong kind,
+  raises `ArgumentError` naming it and listing the valid ones. The same program always gives the
+  same text, so the node's compile cache hits.
 
   ## Example
 
@@ -71,9 +73,10 @@ defmodule XlaNode.MLIR do
   import Kernel, except: [abs: 1, floor: 1, ceil: 1]
 
   alias XlaNode.MLIR.Value
-  alias XlaNode.Tensor
+  alias XlaNode.{Options, Tensor}
 
   @state :xla_node_mlir
+  @precision {:in, [:default, :high, :highest]}
 
   @typedoc "A tensor type: `{type, dims}`."
   @type type :: {Tensor.type(), [non_neg_integer()]}
@@ -127,6 +130,8 @@ defmodule XlaNode.MLIR do
   for `call/2`.
   """
   def function(name, arg_types, body, opts \\ []) when is_binary(name) and is_function(body, 1) do
+    opts = options!(opts, "function/4", private: :boolean)
+
     state =
       Process.get(@state) ||
         raise ArgumentError, "function/4 must be called inside XlaNode.MLIR.module/1"
@@ -241,6 +246,10 @@ defmodule XlaNode.MLIR do
   defp bits({_, b}), do: b
 
   ## Emitting
+
+  # An op's options, checked: an unknown key or a value of the wrong kind raises ArgumentError.
+  defp options!(opts, function, spec),
+    do: Options.validate!(opts, "XlaNode.MLIR.#{function}", spec)
 
   defp value!(_op, %Value{} = v) do
     case Process.get(@state) do
@@ -934,6 +943,13 @@ defmodule XlaNode.MLIR do
   batch dimensions, then `lhs`'s free ones, then `rhs`'s.
   """
   def dot_general(lhs, rhs, opts \\ []) do
+    opts =
+      options!(opts, "dot_general/3",
+        contracting: :integer_lists,
+        batch: :integer_lists,
+        precision: @precision
+      )
+
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.dot_general", &1))
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
@@ -1017,6 +1033,7 @@ defmodule XlaNode.MLIR do
   Options: `stable: true`. Returns one value per operand (a single value for one operand).
   """
   def sort(operands, dimension, comparator, opts \\ []) do
+    opts = options!(opts, "sort/4", stable: :boolean)
     operands = Enum.map(List.wrap(operands), &value!("stablehlo.sort", &1))
     [{_, dims} | _] = Enum.map(operands, & &1.type)
 
@@ -1105,6 +1122,17 @@ defmodule XlaNode.MLIR do
   `operand_batching_dims`, `start_indices_batching_dims` (default `[]`), `indices_are_sorted`.
   """
   def gather(operand, indices, slice_sizes, opts) do
+    opts =
+      options!(opts, "gather/4",
+        offset_dims: :integers,
+        collapsed_slice_dims: :integers,
+        start_index_map: :integers,
+        index_vector_dim: :non_neg_integer,
+        operand_batching_dims: :integers,
+        start_indices_batching_dims: :integers,
+        indices_are_sorted: :boolean
+      )
+
     [operand, indices] = Enum.map([operand, indices], &value!("stablehlo.gather", &1))
     {elem, dims} = operand.type
     {ielem, idims} = indices.type
@@ -1179,6 +1207,18 @@ defmodule XlaNode.MLIR do
   `unique_indices`. Returns one value per input (a single value for one input).
   """
   def scatter(inputs, indices, updates, fun, opts) do
+    opts =
+      options!(opts, "scatter/5",
+        update_window_dims: :integers,
+        inserted_window_dims: :integers,
+        scatter_dims_to_operand_dims: :integers,
+        index_vector_dim: :non_neg_integer,
+        input_batching_dims: :integers,
+        scatter_indices_batching_dims: :integers,
+        indices_are_sorted: :boolean,
+        unique_indices: :boolean
+      )
+
     inputs = Enum.map(List.wrap(inputs), &value!("stablehlo.scatter", &1))
     updates = Enum.map(List.wrap(updates), &value!("stablehlo.scatter", &1))
     indices = value!("stablehlo.scatter", indices)
@@ -1238,6 +1278,14 @@ defmodule XlaNode.MLIR do
   for one operand).
   """
   def reduce_window(operands, inits, window, fun, opts \\ []) do
+    opts =
+      options!(opts, "reduce_window/5",
+        strides: :integers,
+        base_dilations: :integers,
+        window_dilations: :integers,
+        padding: :integer_pairs
+      )
+
     operands = Enum.map(List.wrap(operands), &value!("stablehlo.reduce_window", &1))
     inits = Enum.map(List.wrap(inits), &value!("stablehlo.reduce_window", &1))
     [{_, dims} | _] = Enum.map(operands, & &1.type)
@@ -1283,6 +1331,8 @@ defmodule XlaNode.MLIR do
   `reduce_window/5`.
   """
   def select_and_scatter(operand, source, init, window, select, scatter, opts \\ []) do
+    opts = options!(opts, "select_and_scatter/7", strides: :integers, padding: :integer_pairs)
+
     [operand, source, init] =
       Enum.map([operand, source, init], &value!("stablehlo.select_and_scatter", &1))
 
@@ -1358,6 +1408,20 @@ defmodule XlaNode.MLIR do
     * `:feature_group_count`, `:batch_group_count` (default 1), `:precision`
   """
   def convolution(lhs, rhs, opts \\ []) do
+    opts =
+      options!(opts, "convolution/3",
+        input: :dimension_layout,
+        kernel: :dimension_layout,
+        output: :dimension_layout,
+        strides: :integers,
+        lhs_dilation: :integers,
+        rhs_dilation: :integers,
+        padding: :integer_pairs,
+        feature_group_count: :pos_integer,
+        batch_group_count: :pos_integer,
+        precision: @precision
+      )
+
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.convolution", &1))
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
@@ -1509,6 +1573,14 @@ defmodule XlaNode.MLIR do
   `transpose_a`: `:no_transpose` (default), `:transpose` or `:adjoint`.
   """
   def triangular_solve(a, b, opts \\ []) do
+    opts =
+      options!(opts, "triangular_solve/3",
+        left_side: :boolean,
+        lower: :boolean,
+        unit_diagonal: :boolean,
+        transpose_a: {:in, [:no_transpose, :transpose, :adjoint]}
+      )
+
     [a, b] = same_elem!("stablehlo.triangular_solve", [a, b])
     {_, adims} = a.type
     {_, bdims} = b.type
@@ -1564,6 +1636,13 @@ defmodule XlaNode.MLIR do
   `has_side_effect: true`, `output_operand_aliases: [{result, operand}]`. Returns a list.
   """
   def custom_call(target, operands, result_types, opts \\ []) do
+    opts =
+      options!(opts, "custom_call/4",
+        backend_config: :attributes,
+        has_side_effect: :boolean,
+        output_operand_aliases: :integer_pairs
+      )
+
     operands = Enum.map(operands, &value!("stablehlo.custom_call @#{target}", &1))
     result_types = Enum.map(result_types, &check_type!("stablehlo.custom_call @#{target}", &1))
 

@@ -75,6 +75,31 @@ defmodule XlaNode.Harness do
   end
 
   @doc """
+  Runs `scripts/kernels.sh` (JAX 0.8.1 and the test kernel libraries under `target/kernels`),
+  one test module at a time: it is idempotent, but two runs at once would build the same files.
+  """
+  def ensure_kernels! do
+    script = Path.join(project_dir(), "../scripts/kernels.sh")
+
+    {out, status} =
+      :global.trans(
+        {:xla_node_kernels, self()},
+        fn -> System.cmd("bash", [script], stderr_to_stdout: true) end,
+        [node()]
+      )
+
+    if status != 0, do: raise("scripts/kernels.sh failed:\n#{out}")
+    :ok
+  end
+
+  @doc """
+  The test kernel library `scripts/kernels.sh` builds against the headers of FFI `version`
+  (`"02"` or `"03"`).
+  """
+  def kernel_library(version),
+    do: Path.expand("../target/kernels/libxn_test_kernels_ffi#{version}.so", project_dir())
+
+  @doc """
   A fresh node/peer name (no host part), unique on this machine: the test VM's OS pid keeps two
   suites running at once from registering the same name with epmd.
   """
@@ -381,11 +406,11 @@ defmodule XlaNode.Harness do
   end
 
   @doc """
-  For a module's `setup_all`: one node for all its tests, connected, killed when they are done.
-  Returns the context `%{node: node}`.
+  For a module's `setup_all`: one node for all its tests (started with `opts`, see
+  `start_node/1`), connected, killed when they are done. Returns the context `%{node: node}`.
   """
-  def start_shared_node do
-    node = start_node(cleanup: false)
+  def start_shared_node(opts \\ []) do
+    node = start_node(Keyword.put(opts, :cleanup, false))
     connect!(node)
     ExUnit.Callbacks.on_exit(fn -> stop_node(node, "KILL") end)
     %{node: node}

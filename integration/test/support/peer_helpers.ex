@@ -136,4 +136,21 @@ defmodule XlaNode.PeerHelpers do
 
     forward_loop(dest)
   end
+
+  @doc """
+  Evaluates the expressions of an IEx session in order, in one process (so that what the session
+  creates, an executable for instance, keeps its owner until the end), each with the bindings of
+  those before it. `steps` are `{code, printed}`: `printed` the result the session shows, as
+  Elixir code, or nil. Returns `[{code, value, printed_value | :none}]`.
+  """
+  def eval_session(steps) do
+    {results, _binding} =
+      Enum.map_reduce(steps, [], fn {code, printed}, binding ->
+        {value, binding} = Code.eval_string(code, binding)
+        shown = if printed, do: elem(Code.eval_string(printed), 0), else: :none
+        {{code, value, shown}, binding}
+      end)
+
+    results
+  end
 end
