@@ -578,7 +578,10 @@ defmodule XlaNode.CompilerTest do
     assert Nx.to_flat_list(z) == [4.0, 8.0]
     assert inspect(z) =~ "4.0, 8.0"
     assert Nx.backend_transfer(z) |> Nx.add(1) |> Nx.to_flat_list() == [5.0, 9.0]
-    assert_raise ArgumentError, ~r/jit it with XlaNode.Compiler/, fn -> Nx.add(y, 1) end
+    # Eager operations on it run on the node too.
+    assert %XlaNode.Backend{node: node} = Nx.add(y, 1).data
+    assert node == xla()
+    assert Nx.add(y, 1) |> Nx.to_flat_list() == [3.0, 5.0]
     assert Nx.backend_deallocate(y) == :ok
     assert Nx.backend_deallocate(y) == :already_deallocated
   end

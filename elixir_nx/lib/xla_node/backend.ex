@@ -1,13 +1,70 @@
 defmodule XlaNode.Backend do
   @moduledoc """
-  Tensors whose data stays on an xla_node compute node: what `XlaNode.Compiler` returns with
-  `keep_on_device: true`.
+  An `Nx.Backend` whose tensors live on an xla_node compute node, as `EXLA.Backend`'s live on
+  a device: creating a tensor places it on the node, every operation runs there, and results
+  stay there until read.
 
-  Such a tensor passes into the next call jitted with `XlaNode.Compiler` on the same node
-  without leaving it. `Nx.to_binary/1`, `inspect/1`, `Nx.backend_transfer/2`,
-  `Nx.backend_copy/2` and `Nx.backend_deallocate/1` work; any other Nx operation on it raises,
-  saying to jit it or to transfer the tensor first. The buffer belongs to the process that
-  made the call: the node frees it when that process exits (or with `Nx.backend_deallocate/1`).
+      Nx.default_backend({XlaNode.Backend, node: :"xla@gpu1"})
+      t = Nx.iota({3, 3}, type: :f32)
+      t |> Nx.exp() |> Nx.sum(axes: [1]) |> Nx.to_flat_list()
+
+  or, for the whole application, in `config/config.exs`:
+
+      config :nx, default_backend: {XlaNode.Backend, node: :"xla@gpu1"}
+      config :nx, default_defn_options: [compiler: XlaNode.Compiler, node: :"xla@gpu1"]
+
+  ## Options
+
+    * `:node` - the compute node (required)
+
+  ## Operations
+
+  Each operation runs as a program on the node: `XlaNode.Compiler` compiles the one `Nx.Defn.Expr`
+  call the operation stands for, once per (operation, options, types and shapes) and node, and
+  from then on an operation is one request to the node, with no tensor data crossing (see
+  `XlaNode.Backend.Eager`). Scalars made from numbers (`Nx.add(t, 1)`, `Nx.tensor(1.0)`) are the
+  exception: they stay in the tensor struct and go, a few bytes, with the operation that uses
+  them.
+
+  A tensor of this backend passed to a function jitted with `XlaNode.Compiler` on the same node
+  goes as its buffer, and the function's results stay on the node when the default backend is
+  `XlaNode.Backend` (or with `keep_on_device: true`): a training loop keeps its parameters on
+  the node from step to step.
+
+  `Nx.to_binary/1`, `Nx.to_number/1`, `inspect/2` and `Nx.backend_transfer/2` to another backend
+  read the data back; `Nx.backend_transfer/2` to `{XlaNode.Backend, node: other}` moves it to
+  another node (through this one), freeing it on the first, and `Nx.backend_copy/2` does the same
+  without freeing.
+
+  ## Tensors of two nodes in one operation
+
+  An operation runs on the node of its first tensor argument with data on a node; the tensors of
+  other nodes are read from theirs and sent along, through this node (as `Nx.backend_copy/2`
+  would). It works, at the cost of moving those tensors; move them once with
+  `Nx.backend_transfer/2` when they are used more than once.
+
+  ## Memory
+
+  A buffer belongs to the process that made it: the node frees it when that process exits, or
+  with `Nx.backend_deallocate/1`. A process that lives long (a GenServer running eager operations
+  for hours) frees what it makes inside `scope/1` when the scope ends, except what the scope
+  returns:
+
+      params =
+        XlaNode.Backend.scope(fn ->
+          grads = compute_grads(params, batch)
+          update(params, grads)
+        end)
+
+  ## Errors
+
+  A node that is down, or goes down during an operation, raises an `XlaNode.Error` of kind
+  `:nodedown` naming it; its tensors are gone (the node frees a process's buffers when the
+  connection to it drops). A tensor whose buffer the node no longer has (freed, its process
+  exited, the node restarted) raises an `XlaNode.Error` of kind `:gone` that names its node.
+
+  Pointers (`Nx.to_pointer/2`, `Nx.from_pointer/5`) raise: the data is in another OS process,
+  possibly on another machine.
   """
 
   @behaviour Nx.Backend
@@ -15,65 +72,221 @@ defmodule XlaNode.Backend do
   @enforce_keys [:node, :buffer]
   defstruct [:node, :buffer]
 
-  @implemented [
+  @typedoc """
+  A tensor's data: its `node`, and its `buffer` there (a reference owned by the process that
+  made it), or `{:inline, binary}` for a scalar made from a number, kept here until used.
+  """
+  @type t :: %__MODULE__{node: node(), buffer: reference() | {:inline, binary()}}
+
+  alias XlaNode.Backend.{Eager, Scope, Transfer}
+
+  # Data bigger than this is sliced on the node before `Nx.to_binary/2` with a limit reads it.
+  @read_whole_up_to 65_536
+
+  @doc """
+  Runs `fun` and frees every buffer the calling process made on a node meanwhile, except the
+  ones the result holds (however nested: tuples, lists, maps, structs); returns the result.
+  When `fun` raises, throws or exits, everything it made is freed. Scopes nest: what an inner
+  scope returns belongs to the outer one.
+
+  Buffers other processes make (a `Task` started inside) are theirs: they go when those
+  processes exit.
+
+      loss =
+        XlaNode.Backend.scope(fn ->
+          x |> Nx.multiply(w) |> Nx.subtract(y) |> Nx.pow(2) |> Nx.mean()
+        end)
+  """
+  @spec scope((-> result)) :: result when result: term()
+  def scope(fun), do: Scope.run(fun)
+
+  @impl true
+  def init(opts) do
+    node!(opts)
+    opts
+  end
+
+  # `backend: {XlaNode.Backend, opts}` on a creation function reaches the callback without
+  # `init/1`: the node is checked where it is used.
+  defp node!(opts) do
+    case Keyword.validate!(opts, [:node])[:node] do
+      node when is_atom(node) and node != nil ->
+        node
+
+      nil ->
+        raise ArgumentError,
+              "XlaNode.Backend needs the compute node: {XlaNode.Backend, node: :\"xla@host\"}"
+
+      other ->
+        raise ArgumentError,
+              "XlaNode.Backend: :node must be a node name (an atom), got #{inspect(other)}"
+    end
+  end
+
+  ## Creation
+
+  @impl true
+  def from_binary(out, binary, opts), do: Transfer.place!(out, node!(opts), binary)
+
+  @impl true
+  def constant(%Nx.Tensor{shape: {}} = out, number, opts) do
+    binary = Nx.BinaryBackend.constant(out, number, []) |> Nx.to_binary()
+    %{out | data: %__MODULE__{node: node!(opts), buffer: {:inline, binary}}}
+  end
+
+  # A larger one is its scalar broadcast on the node: no data crosses.
+  def constant(out, number, opts) do
+    scalar = constant(%{out | shape: {}, names: []}, number, opts)
+    Eager.run(:broadcast, out, [scalar, out.shape, []])
+  end
+
+  @impl true
+  def eye(out, opts), do: Eager.run(:eye, out, [opts], node!(opts))
+
+  @impl true
+  def iota(out, axis, opts), do: Eager.run(:iota, out, [axis, opts], node!(opts))
+
+  ## Reading, moving, freeing
+
+  @impl true
+  def to_binary(%Nx.Tensor{type: {_, bits}} = t, limit) do
+    # The data holds every entry of a vectorized tensor.
+    t = Nx.devectorize(t, keep_names: false)
+
+    binary =
+      if limit < Nx.size(t) and Nx.byte_size(t) > @read_whole_up_to do
+        # Only the first `limit` elements cross.
+        out = %{t | shape: {limit}, names: [nil]}
+
+        head =
+          Eager.run(:head, out, [t, limit], nil, fn [t, n] ->
+            t |> Nx.flatten() |> Nx.slice([0], [n])
+          end)
+
+        try do
+          Transfer.read!(head)
+        after
+          Transfer.free(head)
+        end
+      else
+        Transfer.read!(t)
+      end
+
+    head_bits = min(limit, Nx.size(t)) * bits
+    <<head::bitstring-size(head_bits), _::bitstring>> = binary
+    head
+  end
+
+  @impl true
+  def inspect(%Nx.Tensor{} = t, opts) do
+    size = t |> Nx.devectorize() |> Nx.size()
+    limit = if opts.limit == :infinity, do: size, else: min(opts.limit + 1, size)
+    Nx.Backend.inspect(t, to_binary(t, limit), opts)
+  end
+
+  @impl true
+  def backend_copy(%Nx.Tensor{data: %__MODULE__{}} = t, __MODULE__, opts) do
+    node = node!(opts)
+
+    case t.data do
+      %{buffer: {:inline, _}} -> put_in(t.data.node, node)
+      # A copy on the node itself: a program that returns its argument.
+      %{node: ^node} -> Eager.run(:copy, t, [t], node, fn [t] -> t end)
+      _other_node -> Transfer.place!(t, node, Transfer.read!(t))
+    end
+  end
+
+  def backend_copy(%Nx.Tensor{} = t, backend, opts) do
+    backend = if backend == Nx.Tensor, do: Nx.BinaryBackend, else: backend
+    backend.from_binary(t, Transfer.read!(t), opts)
+  end
+
+  @impl true
+  def backend_transfer(%Nx.Tensor{data: %__MODULE__{node: node}} = t, backend, opts) do
+    if backend == __MODULE__ and opts[:node] == node do
+      t
+    else
+      copy = backend_copy(t, backend, opts)
+      Transfer.free(t)
+      copy
+    end
+  end
+
+  @impl true
+  def backend_deallocate(%Nx.Tensor{} = t), do: Transfer.free(t)
+
+  @impl true
+  def to_batched(out, tensor, opts) do
+    batch = elem(out.shape, 0)
+    size = elem(tensor.shape, 0)
+    full = div(size, batch)
+    rest = rem(size, batch)
+
+    full_batches = Stream.map(0..(full - 1)//1, &Nx.slice_along_axis(tensor, &1 * batch, batch))
+
+    if rest != 0 and opts[:leftover] == :repeat do
+      # The last batch wraps around to the first elements.
+      last =
+        Stream.map([full * batch], fn start ->
+          Nx.concatenate([
+            Nx.slice_along_axis(tensor, start, rest),
+            Nx.slice_along_axis(tensor, 0, batch - rest)
+          ])
+        end)
+
+      Stream.concat(full_batches, last)
+    else
+      full_batches
+    end
+  end
+
+  @impl true
+  def to_pointer(_tensor, _opts) do
+    raise ArgumentError,
+          "Nx.to_pointer/2 cannot work on XlaNode.Backend: the data is in the xla_node " <>
+            "process, possibly on another machine. Nx.backend_transfer/2 it first"
+  end
+
+  @impl true
+  def from_pointer(_pointer, _type, _shape, _backend_opts, _opts) do
+    raise ArgumentError,
+          "Nx.from_pointer/5 cannot make an XlaNode.Backend tensor: the node cannot reach " <>
+            "this process's memory"
+  end
+
+  ## Operations
+
+  @impl true
+  def block(struct, output, args, fun) do
+    Eager.run(:block, output, [struct, args, fun], nil, fn [struct, args, fun] ->
+      Nx.Defn.Expr.block(struct, output, args, fun)
+    end)
+  end
+
+  @direct [
+    init: 1,
+    from_binary: 3,
+    constant: 3,
+    eye: 2,
+    iota: 3,
     to_binary: 2,
     inspect: 2,
     backend_copy: 3,
     backend_transfer: 3,
     backend_deallocate: 1,
-    init: 1
+    to_batched: 3,
+    to_pointer: 2,
+    from_pointer: 5,
+    block: 4
   ]
 
-  @impl true
-  def init(opts), do: opts
-
-  @impl true
-  def to_binary(%Nx.Tensor{} = t, limit) do
-    {_, size} = t.type
-    binary = read!(t)
-    binary_part(binary, 0, min(byte_size(binary), div(limit * size, 8)))
-  end
-
-  @impl true
-  def inspect(%Nx.Tensor{} = t, opts) do
-    Nx.Backend.inspect(t, read!(t), opts)
-  end
-
-  @impl true
-  def backend_copy(t, backend, opts), do: backend_transfer(t, backend, opts)
-
-  @impl true
-  def backend_transfer(%Nx.Tensor{data: %__MODULE__{}} = t, __MODULE__, _opts), do: t
-
-  def backend_transfer(%Nx.Tensor{} = t, backend, opts) do
-    backend = if backend == Nx.Tensor, do: Nx.BinaryBackend, else: backend
-    backend.from_binary(t, read!(t), opts)
-  end
-
-  @impl true
-  def backend_deallocate(%Nx.Tensor{data: %__MODULE__{node: node, buffer: buffer}}) do
-    case XlaNode.free(node, buffer) do
-      :ok -> :ok
-      {:error, _} -> :already_deallocated
-    end
-  end
-
-  defp read!(%Nx.Tensor{data: %__MODULE__{node: node, buffer: buffer}}) do
-    case XlaNode.read(node, buffer) do
-      {:ok, {binary, _}} -> binary
-      {:error, error} -> raise error
-    end
-  end
-
-  # Every other operation: a clear error instead of an undefined function.
-  for {name, arity} <- Nx.Backend.behaviour_info(:callbacks), {name, arity} not in @implemented do
-    args = Macro.generate_arguments(arity, __MODULE__)
+  # Every other callback is an operation `(out, args...)` that Nx.Defn.Expr has too.
+  for {name, arity} <- Nx.Backend.behaviour_info(:callbacks), {name, arity} not in @direct do
+    [out | args] = Macro.generate_arguments(arity, __MODULE__)
 
     @impl true
-    def unquote(name)(unquote_splicing(args)) do
-      raise ArgumentError,
-            "Nx.#{unquote(name)} cannot work on a tensor kept on an xla_node compute node " <>
-              "(keep_on_device: true): jit it with XlaNode.Compiler, or Nx.backend_transfer/2 it first"
+    def unquote(name)(unquote(out), unquote_splicing(args)) do
+      Eager.run(unquote(name), unquote(out), unquote(args))
     end
   end
 end

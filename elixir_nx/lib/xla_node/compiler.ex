@@ -21,8 +21,9 @@ defmodule XlaNode.Compiler do
       their results kept there, and the callbacks run on this node between them (see
       `XlaNode.Compiler.Split`). Default: `:inside` where the node's platform can run host
       callbacks (CPU; `:info`'s `host_callbacks`), `:split` elsewhere
-    * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
-      to pass into the next call without moving them (default `false`)
+    * `:keep_on_device` - return tensors whose data stays on the node (`XlaNode.Backend`), to
+      pass into the next call without moving them. Default: `true` when the process's default
+      backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:timeout` - how long to wait for the run's result (default `:infinity`)
   """
@@ -30,13 +31,34 @@ defmodule XlaNode.Compiler do
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
+  alias XlaNode.Backend.Transfer
   alias XlaNode.Compiler.{Cache, Lower}
 
   @impl true
   def __partitions_options__(opts), do: [opts]
 
   @impl true
-  def __to_backend__(_opts), do: {Nx.BinaryBackend, []}
+  def __to_backend__(opts) do
+    if keep_on_device?(opts),
+      do: {XlaNode.Backend, node: node!(opts)},
+      else: {Nx.BinaryBackend, []}
+  end
+
+  @doc false
+  # The cache key of a program: `key` (the function, or a stage key) with the types, shapes,
+  # names and vectorized axes of its flattened arguments, and the node. `XlaNode.Backend`
+  # looks its one-op programs up with it.
+  def cache_key(key, vars, node) do
+    templates = Enum.map(vars, &{&1.type, &1.shape, &1.names, &1.vectorized_axes})
+    {key, templates, node}
+  end
+
+  # Results stay on the node when asked to, or when the default backend is XlaNode.Backend.
+  defp keep_on_device?(opts) do
+    Keyword.get_lazy(opts, :keep_on_device, fn ->
+      match?({XlaNode.Backend, _}, Nx.default_backend())
+    end)
+  end
 
   @impl true
   def __jit__(key, vars, fun, args_list, opts) do
@@ -54,6 +76,7 @@ defmodule XlaNode.Compiler do
         compile_inside(key, vars, fun, opts, node, info)
 
       :split ->
+        opts = Keyword.put(opts, :keep_on_device, keep_on_device?(opts))
         XlaNode.Compiler.Split.compile(key, vars, fun, opts)
 
       other ->
@@ -68,23 +91,19 @@ defmodule XlaNode.Compiler do
   defp default_callbacks(_info), do: :split
 
   defp compile_inside(key, vars, fun, opts, node, info) do
-    templates =
-      vars
-      |> Composite.flatten_list()
-      |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
-
-    # Split stages are compiled from fresh closures every call: they bring a stable key.
-    cache_key = {Keyword.get(opts, :stage_key, key), templates, node}
+    # Split stages and XlaNode.Backend's operations are compiled from fresh closures every call:
+    # they bring a stable key.
+    cache_key = cache_key(Keyword.get(opts, :stage_key, key), Composite.flatten_list(vars), node)
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
-    run_opts = Keyword.take(opts, [:callback_timeout, :keep_on_device])
+    run_opts = [keep_on_device: keep_on_device?(opts)] ++ Keyword.take(opts, [:callback_timeout])
     timeout = Keyword.get(opts, :timeout, :infinity)
 
     fn [params] ->
-      args = Enum.map(params, &to_client(&1.(), node))
+      args = Enum.map(params, &Transfer.arg(&1.(), node))
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
       [from_client(results, outputs, node)]
     end
@@ -131,35 +150,23 @@ defmodule XlaNode.Compiler do
         {t, [Nx.to_template(t) | acc]}
       end)
 
-    {devectorized, {output, Enum.reverse(templates)}}
+    {devectorized, {Composite.traverse(output, &Nx.to_template/1), Enum.reverse(templates)}}
   end
 
   defp run(node, exe, args, callbacks, hooks, run_opts, timeout) do
     if callbacks == %{} do
-      XlaNode.run(node, exe, args, Keyword.put(run_opts, :timeout, timeout)) |> result!()
+      Transfer.run!(node, exe, args, Keyword.put(run_opts, :timeout, timeout))
     else
       {:ok, server} =
         XlaNode.CallbackServer.start_link(XlaNode.Compiler.Callbacks.handlers(callbacks, hooks))
 
       try do
-        XlaNode.run(node, exe, args, run_opts ++ [callback_server: server, timeout: timeout])
-        |> result!()
+        Transfer.run!(node, exe, args, run_opts ++ [callback_server: server, timeout: timeout])
       after
         Process.unlink(server)
         Process.exit(server, :shutdown)
       end
     end
-  end
-
-  defp result!({:ok, results}), do: results
-  defp result!({:error, error}), do: raise(error)
-
-  # A tensor kept on this node goes as its buffer; any other as its data.
-  defp to_client(%Nx.Tensor{data: %XlaNode.Backend{node: node, buffer: buffer}}, node), do: buffer
-
-  defp to_client(%Nx.Tensor{} = t, _node) do
-    t = Nx.devectorize(t)
-    {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
   end
 
   # Results come as tensors, or as buffers with keep_on_device: true.
@@ -168,11 +175,11 @@ defmodule XlaNode.Compiler do
       Enum.zip_with(results, templates, fn
         {bin, _}, template ->
           bin
-          |> Nx.from_binary(template.type)
+          |> Nx.from_binary(template.type, backend: Nx.BinaryBackend)
           |> Nx.reshape(template.shape, names: template.names)
 
         buffer, template when is_reference(buffer) ->
-          %{template | data: %XlaNode.Backend{node: node, buffer: buffer}}
+          Transfer.wrap(template, node, buffer)
       end)
 
     {result, []} =

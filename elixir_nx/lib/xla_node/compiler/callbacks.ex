@@ -4,14 +4,19 @@ defmodule XlaNode.Compiler.Callbacks do
   callback request into Nx tensors shaped as the expression said, calls the function, checks
   its result against the output template and replies with the result's binaries (see
   `XlaNode.CallbackServer` for the protocol). A mismatch, a raise or a throw fails the run with
-  a message that names the callback.
+  a message that names the callback. Callbacks compute on this node: their tensors are
+  `Nx.BinaryBackend`'s, whatever the default backend is.
   """
 
   alias Nx.Defn.Composite
 
   @doc "The `XlaNode.CallbackServer` handlers for the callbacks `XlaNode.Compiler.Lower` found."
   def handlers(callbacks, hooks) do
-    Map.new(callbacks, fn {id, callback} -> {id, handler(callback, hooks)} end)
+    Map.new(callbacks, fn {id, callback} ->
+      handler = handler(callback, hooks)
+      # Callbacks compute on this node, whatever the configured default backend.
+      {id, &Nx.with_default_backend(Nx.BinaryBackend, fn -> handler.(&1) end)}
+    end)
   end
 
   defp handler(%{kind: :runtime_call} = c, _hooks) do
@@ -46,7 +51,9 @@ defmodule XlaNode.Compiler.Callbacks do
   defp to_container(args, template) do
     {container, []} =
       Composite.traverse(template, args, fn %Nx.Tensor{} = t, [{bin, _} | rest] ->
-        {bin |> Nx.from_binary(t.type) |> Nx.reshape(t.shape, names: t.names), rest}
+        {bin
+         |> Nx.from_binary(t.type, backend: Nx.BinaryBackend)
+         |> Nx.reshape(t.shape, names: t.names), rest}
       end)
 
     container

@@ -639,7 +639,8 @@ defmodule XlaNode.Compiler.Lower do
   defp op(op, [x, source, init, window, opts], ans, state)
        when op in [:window_scatter_max, :window_scatter_min] do
     {[v, src, init], state} = lower_all([x, source, init], state)
-    pick = if op == :window_scatter_max, do: :ge, else: :le
+    # Strict, as Nx: of equal values in a window, the last one gets the source value.
+    pick = if op == :window_scatter_max, do: :gt, else: :lt
 
     value =
       M.select_and_scatter(

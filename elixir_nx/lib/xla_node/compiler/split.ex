@@ -26,13 +26,24 @@ defmodule XlaNode.Compiler.Split do
     fn [params] ->
       args = Enum.map(params, & &1.())
 
+      # The stages' buffers are freed when the call ends, except those it returns.
       results =
-        chain |> run(args, key, node_opts) |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1)
+        XlaNode.Backend.scope(fn ->
+          chain
+          |> run(args, key, node_opts)
+          |> Tuple.to_list()
+          |> Enum.map(&result(&1, opts[:keep_on_device], opts[:node]))
+        end)
 
       {result, []} = Composite.traverse(output, results, fn _, [t | rest] -> {t, rest} end)
       [result]
     end
   end
+
+  # Results stay on the node, or come back, as without :split.
+  defp result(%T{data: %XlaNode.Backend{}} = t, true, _node), do: t
+  defp result(t, true, node), do: Nx.backend_copy(t, {XlaNode.Backend, node: node})
+  defp result(t, _keep, _node), do: Nx.backend_copy(t, Nx.BinaryBackend)
 
   defp cut(%T{data: %Expr{op: op}}) when op in [:runtime_call, :hook], do: :both
   defp cut(_), do: :none
@@ -63,9 +74,13 @@ defmodule XlaNode.Compiler.Split do
 
   defp run_stage(expr, inputs, stage_key, node_opts) do
     if calls_back?(expr) do
-      inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1) |> List.to_tuple()
+      # Copies: the stage's inputs may be needed by later stages, or be the caller's tensors.
+      inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_copy/1) |> List.to_tuple()
       evaluator_opts = [compiler: Nx.Defn.Evaluator, hooks: Keyword.get(node_opts, :hooks, %{})]
-      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], evaluator_opts)
+
+      Nx.with_default_backend(Nx.BinaryBackend, fn ->
+        Nx.Defn.jit_apply(fn _ -> expr end, [inputs], evaluator_opts)
+      end)
     else
       opts = [compiler: XlaNode.Compiler, stage_key: stage_key] ++ node_opts
       Nx.Defn.jit_apply(fn _ -> expr end, [inputs], opts)

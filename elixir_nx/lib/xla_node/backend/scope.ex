@@ -1,0 +1,93 @@
+defmodule XlaNode.Backend.Scope do
+  @moduledoc """
+  Keeps the node's buffer count bounded in a process that never exits: `XlaNode.Backend.scope/1`.
+
+  A buffer on the node belongs to the process that made it and goes when that process exits;
+  a long-lived process (a GenServer running eager operations for hours) must free what it no
+  longer needs. BEAM references have no finalizers, so nothing can notice that a tensor became
+  garbage: instead, every buffer this process makes while a scope is open is noted in the
+  process dictionary, and when the scope's function returns, every noted buffer that the
+  returned term does not hold is freed. Scopes nest: what an inner scope returns is noted in the
+  outer one. When the function raises, throws or exits, everything it made is freed.
+
+  Buffers are freed with one pipelined round of `:free` requests per node (`:gen_server`'s
+  `send_request/2`), not one round trip each. A buffer freed already (`Nx.backend_deallocate/1`)
+  or whose node is down is skipped silently: either way it is gone.
+  """
+
+  @key {__MODULE__, :made}
+
+  @doc "Runs `fun` in a scope; see `XlaNode.Backend.scope/1`."
+  def run(fun) when is_function(fun, 0) do
+    outer = Process.put(@key, [])
+
+    result =
+      try do
+        fun.()
+      catch
+        kind, reason ->
+          made = Process.get(@key, [])
+          restore(outer, [])
+          free(made)
+          :erlang.raise(kind, reason, __STACKTRACE__)
+      end
+
+    kept = held(result)
+    {keep, drop} = @key |> Process.get([]) |> Enum.split_with(&MapSet.member?(kept, &1))
+    # What the scope returns now belongs to the enclosing scope, if any.
+    restore(outer, keep)
+    free(drop)
+    result
+  end
+
+  defp restore(nil, _keep), do: Process.delete(@key)
+  defp restore(outer, keep), do: Process.put(@key, keep ++ outer)
+
+  @doc """
+  Notes a buffer this process made on `node`, when a scope is open (otherwise it does nothing).
+  """
+  def made(node, buffer) when is_reference(buffer) do
+    case Process.get(@key) do
+      nil -> :ok
+      made -> Process.put(@key, [{node, buffer} | made])
+    end
+
+    :ok
+  end
+
+  @doc """
+  Frees `{node, buffer}` pairs: one pipelined round of `:free` requests per node. Buffers freed
+  already, or on a node that is down, are skipped.
+  """
+  def free([]), do: :ok
+
+  def free(buffers) do
+    buffers
+    |> Enum.uniq()
+    |> Enum.map(fn {node, buffer} ->
+      :gen_server.send_request(XlaNode.server(node), {:free, buffer})
+    end)
+    |> Enum.each(&:gen_server.receive_response(&1, 60_000))
+  end
+
+  # The {node, buffer} pairs of every XlaNode.Backend tensor inside a term, however nested
+  # (tuples, lists, maps and structs such as model states).
+  defp held(term), do: held(term, MapSet.new())
+
+  defp held(%Nx.Tensor{data: %XlaNode.Backend{node: node, buffer: buffer}}, acc)
+       when is_reference(buffer),
+       do: MapSet.put(acc, {node, buffer})
+
+  defp held(%Nx.Tensor{}, acc), do: acc
+  defp held(list, acc) when is_list(list), do: Enum.reduce(list, acc, &held/2)
+
+  defp held(tuple, acc) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> Enum.reduce(acc, &held/2)
+
+  defp held(%_{} = struct, acc), do: struct |> Map.from_struct() |> held(acc)
+
+  defp held(%{} = map, acc),
+    do: Enum.reduce(map, acc, fn {k, v}, acc -> held(v, held(k, acc)) end)
+
+  defp held(_other, acc), do: acc
+end

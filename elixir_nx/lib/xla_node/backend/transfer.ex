@@ -1,0 +1,101 @@
+defmodule XlaNode.Backend.Transfer do
+  @moduledoc """
+  Data crossing between this node and a compute node, for `XlaNode.Backend` and
+  `XlaNode.Compiler`: placing a binary on a node, reading a buffer back, freeing it, passing a
+  tensor as a run argument, and turning a run's buffers into tensors.
+
+  Every buffer made here is noted in the open `XlaNode.Backend.scope/1`, if any. Errors name
+  the tensor's node: a buffer the node no longer has (freed, its owner gone, the node
+  restarted) raises an `XlaNode.Error` of kind `:gone`; a node that is down or unreachable, one
+  of kind `:nodedown` that says its tensors are gone.
+  """
+
+  alias XlaNode.Backend
+  alias XlaNode.Backend.Scope
+
+  @doc "Places `binary` (the data of `out`'s type and shape) on `node`: a tensor shaped as `out`."
+  def place!(out, node, binary) do
+    tensor = {binary, {out.type, Tuple.to_list(out.shape)}}
+
+    case XlaNode.to_device(node, tensor) do
+      {:ok, buffer} -> wrap(out, node, buffer)
+      {:error, error} -> raise error
+    end
+  end
+
+  @doc "`template` (a tensor or its template) holding `buffer` on `node`; noted in the scope."
+  def wrap(template, node, buffer), do: %{template | data: data(node, buffer)}
+
+  @doc "The `XlaNode.Backend` data of a buffer this process made on `node`; noted in the scope."
+  def data(node, buffer) when is_reference(buffer) do
+    Scope.made(node, buffer)
+    %Backend{node: node, buffer: buffer}
+  end
+
+  @doc "The whole data of an `XlaNode.Backend` tensor, read from its node."
+  def read!(%Nx.Tensor{data: %Backend{buffer: {:inline, binary}}}), do: binary
+
+  def read!(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}) do
+    case XlaNode.read(node, buffer) do
+      {:ok, {binary, _}} -> binary
+      {:error, error} -> raise gone(error, node, [buffer])
+    end
+  end
+
+  @doc "Frees the tensor's buffer: `:ok`, or `:already_deallocated` when the node has not got it."
+  def free(%Nx.Tensor{data: %Backend{buffer: {:inline, _}}}), do: :ok
+
+  def free(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}) do
+    case XlaNode.free(node, buffer) do
+      :ok -> :ok
+      {:error, _} -> :already_deallocated
+    end
+  end
+
+  @doc """
+  A run argument for a program on `node`: the buffer of a tensor that lives there, the data of
+  any other (a tensor of another node is read from it through this node).
+  """
+  def arg(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}, node) when is_reference(buffer),
+    do: buffer
+
+  def arg(%Nx.Tensor{} = t, _node) do
+    t = Nx.devectorize(t)
+    {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
+  end
+
+  @doc """
+  Runs `exe` on `node` with `args` (from `arg/2`) and `opts` (`XlaNode.run/4`'s); returns the
+  results or raises, naming the node and, for a buffer it no longer has, saying it is gone.
+  """
+  def run!(node, exe, args, opts) do
+    case XlaNode.run(node, exe, args, opts) do
+      {:ok, results} -> results
+      {:error, error} -> raise gone(error, node, Enum.filter(args, &is_reference/1))
+    end
+  end
+
+  # A reference the node does not know was freed, belonged to a process that exited, or to an
+  # earlier run of the node; a node that cannot be reached has dropped this node's buffers.
+  defp gone(%XlaNode.Error{kind: :argument_error, message: message} = error, node, buffers) do
+    if buffers != [] and message =~ ~r/^(argument \d+: )?unknown or freed reference/ do
+      %XlaNode.Error{
+        kind: :gone,
+        message:
+          "a tensor on #{inspect(node)} is gone: its buffer was freed (Nx.backend_deallocate/1, " <>
+            "the end of an XlaNode.Backend.scope/1, or the exit of the process that made it) " <>
+            "or the node restarted",
+        reason: error.reason
+      }
+    else
+      error
+    end
+  end
+
+  defp gone(%XlaNode.Error{kind: kind} = error, node, buffers)
+       when kind in [:nodedown, :noproc] and buffers != [] do
+    %{error | message: error.message <> ": the tensors on #{inspect(node)} are gone"}
+  end
+
+  defp gone(error, _node, _buffers), do: error
+end
