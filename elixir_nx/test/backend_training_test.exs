@@ -1,0 +1,155 @@
+defmodule XlaNode.BackendTrainingTest do
+  # Not async: it sets the application-wide default backend and defn options, as
+  # `config :nx, ...` does, and counts the bytes on the connection to the node.
+  use ExUnit.Case, async: false
+
+  import Nx.Defn
+
+  defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
+
+  @batch 8
+  @inputs 4
+  @hidden 512
+  @outputs 4
+  @steps 100
+
+  defn predict(params, x) do
+    h = Nx.tanh(Nx.dot(x, params.w1) + params.b1)
+    Nx.dot(h, params.w2) + params.b2
+  end
+
+  defn(loss(params, x, y), do: Nx.mean((predict(params, x) - y) ** 2))
+
+  defn step(params, x, y) do
+    {loss, grads} = value_and_grad(params, &loss(&1, x, y))
+
+    params = %{
+      w1: params.w1 - 0.1 * grads.w1,
+      b1: params.b1 - 0.1 * grads.b1,
+      w2: params.w2 - 0.1 * grads.w2,
+      b2: params.b2 - 0.1 * grads.b2
+    }
+
+    {params, loss}
+  end
+
+  defn init_params(key) do
+    {w1, key} = Nx.Random.normal(key, 0.0, 0.25, shape: {@inputs, @hidden})
+    {w2, _key} = Nx.Random.normal(key, 0.0, 0.05, shape: {@hidden, @outputs})
+    %{w1: w1, b1: Nx.broadcast(0.0, {@hidden}), w2: w2, b2: Nx.broadcast(0.0, {@outputs})}
+  end
+
+  # Four batches made on this node (the test process's default is BinaryBackend), used in turn:
+  # a smooth target of the input.
+  defp batches do
+    key = Nx.Random.key(7)
+    {x, _} = Nx.Random.uniform(key, -1.0, 1.0, shape: {4, @batch, @inputs})
+    mix = Nx.iota({@inputs, @outputs}, type: :f32) |> Nx.divide(10)
+    y = x |> Nx.dot([2], mix, [0]) |> Nx.sin()
+    for i <- 0..3, do: {x[i], y[i]}
+  end
+
+  # The loss at every step, from `params` on: each step a scope that keeps the new params and
+  # the loss as a number; the old params are freed.
+  defp train(params, batches) do
+    step = Nx.Defn.jit(&step/3)
+
+    Enum.map_reduce(1..@steps, params, fn i, params ->
+      {x, y} = Enum.at(batches, rem(i, 4))
+
+      {new_params, loss} =
+        XlaNode.Backend.scope(fn ->
+          {new_params, loss} = step.(params, x, y)
+          {new_params, Nx.to_number(loss)}
+        end)
+
+      Nx.backend_deallocate(params)
+      {{loss, dist_bytes()}, new_params}
+    end)
+  end
+
+  # Bytes sent to and received from the node on the distribution connection.
+  defp dist_bytes do
+    {_, port} = List.keyfind(:erlang.system_info(:dist_ctrl), xla(), 0)
+    {:ok, [send_oct: sent, recv_oct: received]} = :inet.getstat(port, [:send_oct, :recv_oct])
+    {sent, received}
+  end
+
+  defp node_buffers do
+    {:ok, %{buffers: buffers}} = XlaNode.info(xla())
+    buffers
+  end
+
+  setup do
+    previous = {Application.get_env(:nx, :default_backend), Nx.Defn.default_options()}
+
+    on_exit(fn ->
+      {backend, defn_options} = previous
+      Application.put_env(:nx, :default_backend, backend)
+      Application.put_env(:nx, :default_defn_options, defn_options)
+    end)
+  end
+
+  test "an MLP trained on the node with its params kept there, configured as config :nx does" do
+    batches = batches()
+    key = Nx.Random.key(42)
+
+    # Under Nx.Defn.Evaluator, on this node.
+
+    {evaluator_losses, _} =
+      Task.async(fn ->
+        Nx.default_backend(Nx.BinaryBackend)
+        Nx.Defn.default_options(compiler: Nx.Defn.Evaluator)
+        train(init_params(key), batches)
+      end)
+      |> Task.await(:infinity)
+
+    # What `config :nx, default_backend: ..., default_defn_options: ...` sets.
+    Application.put_env(:nx, :default_backend, {XlaNode.Backend, node: xla()})
+    Application.put_env(:nx, :default_defn_options, compiler: XlaNode.Compiler, node: xla())
+
+    {losses, before} =
+      Task.async(fn ->
+        before = node_buffers()
+        params = init_params(key)
+        assert %{w1: %Nx.Tensor{data: %XlaNode.Backend{}}} = params
+        {losses, params} = train(params, batches)
+        # Only the last params are left on the node; read back at the end.
+        assert node_buffers() == before + 4
+        assert Nx.shape(Nx.backend_transfer(params.w1)) == {@inputs, @hidden}
+        {losses, before}
+      end)
+      |> Task.await(:infinity)
+
+    # The rest went when the process that made them exited.
+    assert Enum.any?(1..50, fn _ -> node_buffers() == before or (Process.sleep(20) && false) end)
+
+    # The loss falls, as it does under the Evaluator.
+    {[first | _] = ours, _} = Enum.unzip(losses)
+    {theirs, _} = Enum.unzip(evaluator_losses)
+    assert List.last(ours) < first / 4
+
+    for {a, b} <- Enum.zip(ours, theirs) do
+      assert_in_delta a, b, 1.0e-3 * b
+    end
+
+    # Per step, the connection carries the batch and the loss, not the params.
+    per_step =
+      losses
+      |> Enum.map(&elem(&1, 1))
+      |> Enum.chunk_every(2, 1, :discard)
+      |> Enum.drop(1)
+      |> Enum.map(fn [{s0, r0}, {s1, r1}] -> {s1 - s0, r1 - r0} end)
+
+    {sent, received} =
+      {Enum.max(Enum.map(per_step, &elem(&1, 0))), Enum.max(Enum.map(per_step, &elem(&1, 1)))}
+
+    batch_bytes = 4 * @batch * (@inputs + @outputs)
+    params_bytes = 4 * (@inputs * @hidden + @hidden + @hidden * @outputs + @outputs)
+    # Besides the batch, a step sends its requests (run, read the loss, free the old params),
+    # a few hundred bytes each, and receives their replies.
+    assert sent < batch_bytes + 4096, "sent #{sent} bytes in a step, the batch is #{batch_bytes}"
+    assert received < 4096, "received #{received} bytes in a step"
+    assert sent < params_bytes / 4 and received < params_bytes / 4
+  end
+end
