@@ -41,6 +41,16 @@ defmodule Bench.NxMLP do
     grad(params, &loss(&1, x, y))
   end
 
+  @doc "One training step: the loss and its gradient, then SGD with rate 0.01, as JAX's."
+  defn train_step(params, x, y) do
+    {loss, grads} = value_and_grad(params, &loss(&1, x, y))
+    {sgd(params, grads), loss}
+  end
+
+  deftransformp sgd(params, grads) do
+    Map.new(params, fn {name, p} -> {name, Nx.subtract(p, Nx.multiply(0.01, grads[name]))} end)
+  end
+
   @doc "The function of `kind` and argument templates for it with batch `n`."
   def function(:forward), do: &forward/2
   def function(:grad), do: &loss_grad/3
@@ -258,6 +268,88 @@ per_call_rows =
     ]
   end
 
+# Training steps with the params on the node (XlaNode.Backend the default backend, as a user
+# configures it): per step the batch goes and the loss comes back; the new params stay there
+# and the old ones are freed. JAX's step keeps its params on the device the same way. Both
+# sides take the same steps from the same params, so their losses agree step by step.
+train_pairs = 60
+
+dist_bytes = fn ->
+  {_, port} = List.keyfind(:erlang.system_info(:dist_ctrl), xla, 0)
+  {:ok, [send_oct: sent, recv_oct: received]} = :inet.getstat(port, [:send_oct, :recv_oct])
+  {sent, received}
+end
+
+train_rows =
+  Nx.with_default_backend({XlaNode.Backend, node: xla}, fn ->
+    step = Nx.Defn.jit(&NxMLP.train_step/3, compiler: XlaNode.Compiler, node: xla)
+
+    node_step = fn params ->
+      {us, {new_params, loss}} =
+        Stats.time_us(fn ->
+          result =
+            XlaNode.Backend.scope(fn ->
+              {new_params, loss} = step.(params, x, y)
+              {new_params, Nx.to_number(loss)}
+            end)
+
+          Nx.backend_deallocate(params)
+          result
+        end)
+
+      {us, loss, new_params}
+    end
+
+    jax_step = fn ->
+      [us, loss] = Jax.request(jax, "train") |> String.split()
+      {String.to_float(us), String.to_float(loss)}
+    end
+
+    params = Nx.backend_copy(params, {XlaNode.Backend, node: xla})
+
+    params =
+      Enum.reduce(1..warmup, params, fn _, params ->
+        jax_step.()
+        {_, _, params} = node_step.(params)
+        params
+      end)
+
+    bytes_before = dist_bytes.()
+
+    {samples, params} =
+      Enum.map_reduce(1..train_pairs, params, fn i, params ->
+        if rem(i, 2) == 0 do
+          {jax_us, jax_loss} = jax_step.()
+          {node_us, loss, params} = node_step.(params)
+          {{jax_us, node_us, jax_loss, loss}, params}
+        else
+          {node_us, loss, params} = node_step.(params)
+          {jax_us, jax_loss} = jax_step.()
+          {{jax_us, node_us, jax_loss, loss}, params}
+        end
+      end)
+
+    {sent, received} = dist_bytes.()
+    {sent, received} = {sent - elem(bytes_before, 0), received - elem(bytes_before, 1)}
+    Nx.backend_deallocate(params)
+
+    {j, n} = {Stats.median(Enum.map(samples, &elem(&1, 0))), Stats.median(Enum.map(samples, &elem(&1, 1)))}
+    pair_ratio = Stats.median(Enum.map(samples, fn {j, n, _, _} -> n / j end))
+    loss_diff = samples |> Enum.map(fn {_, _, jl, l} -> abs(l - jl) / abs(jl) end) |> Enum.max()
+    {_, _, _, first_loss} = hd(samples)
+    {_, _, _, last_loss} = List.last(samples)
+    params_bytes = 4 * (3 * width * width + 3 * width)
+    batch_bytes = 4 * 2 * batch * width
+    kib = fn b -> :erlang.float_to_binary(b / 1024, decimals: 1) <> " KiB" end
+
+    [
+      "training step (value_and_grad of the loss, SGD), params on the node (XlaNode.Backend) against params on JAX's device, #{train_pairs} pairs alternating; medians:",
+      "  XlaNode.Compiler: #{Stats.ms(n)}   JAX: #{Stats.ms(j)}   ratio #{Stats.ratio(n, j)} (median of pair ratios #{Stats.ratio(pair_ratio, 1)})  (target <= 1.1x)",
+      "  loss #{Stats.sci(first_loss)} -> #{Stats.sci(last_loss)} over the pairs; largest relative difference from JAX's loss at the same step: #{Stats.sci(loss_diff)}",
+      "  on the connection per step: #{kib.(sent / train_pairs)} sent, #{kib.(received / train_pairs)} received (the batch x, y is #{kib.(batch_bytes)}; the params #{kib.(params_bytes)})"
+    ]
+  end)
+
 # Compiling: fresh shapes each time (batch 256 + k). The split (Elixir lowering, then the node's
 # compile request for that text) and JAX get one batch, the whole of Nx.Defn.compile/3 another.
 compile_reps = 9
@@ -333,6 +425,7 @@ IO.puts(
           "per call, from this BEAM node through Nx.Defn.jit(..., compiler: XlaNode.Compiler) against jax.jit, alternating one by one; medians:"
         ] ++
         Enum.map(List.flatten(per_call_rows), &("  " <> &1)) ++
+        train_rows ++
         ["compile, fresh shapes each time; medians:"] ++
         Enum.map(List.flatten(compile_rows), &("  " <> &1)) ++ cache_note,
       "\n",

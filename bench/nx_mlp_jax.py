@@ -16,6 +16,10 @@ that a benchmark can interleave JAX's work with another runner's one call at a t
                               copies a caller of plain arrays pays); answers its microseconds
     run forward|grad device   one call with the params already on the device (jax.Array), numpy
                               inputs, results left on the device; answers its microseconds
+    train                     one training step (value_and_grad of the loss, then SGD with rate
+                              0.01) on params kept on the device from step to step, the batch
+                              given as numpy, the loss read back as a float; answers
+                              "MICROSECONDS LOSS"
     compile forward|grad N    clears JAX's caches and times jax.jit(f).lower(...) and .compile()
                               for batch N; answers "LOWER_US COMPILE_US"
     check                     writes forward.f32 and grad_<name>.f32 (the base batch's results)
@@ -102,6 +106,20 @@ def main():
         return (params, x) if kind == "forward" else (params, x, y)
 
     jitted = {kind: jax.jit(f) for kind, f in functions.items()}
+
+    def train_step(params, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+    train_jitted = jax.jit(train_step)
+    trained = {"params": jax.device_put(params)}
+
+    def train():
+        start = time.perf_counter()
+        trained["params"], value = train_jitted(trained["params"], x, y)
+        value = float(value)
+        return f"{(time.perf_counter() - start) * 1e6:.1f} {value!r}"
+
     params_on_device = jax.device_put(params)
     for kind in functions:  # compile and warm up both call styles
         jax.block_until_ready(jitted[kind](*arguments(kind, params_on_device, x, y)))
@@ -141,6 +159,8 @@ def main():
             answer = run(command[1], command[2])
         elif command[:1] == ["compile"] and len(command) == 3:
             answer = compile_time(command[1], int(command[2]))
+        elif command == ["train"]:
+            answer = train()
         elif command == ["check"]:
             answer = check()
         else:

@@ -4,7 +4,8 @@
 #   bench/run.sh            # all parts
 #   bench/run.sh node       # only: tiny call latency, 16 MiB echo
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
-#   bench/run.sh nx         # only: defn MLP forward/gradient (XlaNode.Compiler) against jax.jit
+#   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
+#                           # params on the node) against jax.jit; eager XlaNode.Backend ops
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
 # parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
 # NX_PATH points at a local Nx checkout (with COMPLEX_PATH, TELEMETRY_PATH, and Elixir >= 1.17 on
@@ -41,5 +42,6 @@ if [ "$part" = all ] || [ "$part" = nx ]; then
             "$(elixir -e 'IO.write(System.version())')"
     else
         (cd elixir_nx && elixir --sname "bench_nx_$$" --cookie "$cookie" -S mix run ../bench/nx_mlp.exs "$name" </dev/null)
+        (cd elixir_nx && elixir --sname "bench_nx_eager_$$" --cookie "$cookie" -S mix run ../bench/nx_eager.exs "$name" </dev/null)
     fi
 fi

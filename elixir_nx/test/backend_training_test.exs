@@ -90,6 +90,18 @@ defmodule XlaNode.BackendTrainingTest do
     end)
   end
 
+  test "an Nx.Serving under this configuration returns results its caller can read" do
+    Application.put_env(:nx, :default_backend, {XlaNode.Backend, node: xla()})
+    Application.put_env(:nx, :default_defn_options, compiler: XlaNode.Compiler, node: xla())
+
+    # Its batches run in tasks that exit after replying, taking their buffers with them.
+    serving = Nx.Serving.jit(&Nx.multiply(&1, 3)) |> Nx.Serving.batch_size(2)
+    start_supervised!({Nx.Serving, serving: serving, name: __MODULE__.Serving, batch_timeout: 10})
+    result = Nx.Serving.batched_run(__MODULE__.Serving, Nx.Batch.stack([Nx.tensor([1.0, 2.0])]))
+    Process.sleep(100)
+    assert Nx.to_flat_list(result) == [3.0, 6.0]
+  end
+
   test "an MLP trained on the node with its params kept there, configured as config :nx does" do
     batches = batches()
     key = Nx.Random.key(42)

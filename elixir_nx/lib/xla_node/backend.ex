@@ -46,7 +46,7 @@ defmodule XlaNode.Backend do
   ## Memory
 
   A buffer belongs to the process that made it: the node frees it when that process exits, or
-  with `Nx.backend_deallocate/1`. A process that lives long (a GenServer running eager operations
+  with `Nx.backend_deallocate/1`. Other processes may use the tensor while it lives. A process that lives long (a GenServer running eager operations
   for hours) frees what it makes inside `scope/1` when the scope ends, except what the scope
   returns:
 

@@ -24,6 +24,8 @@ defmodule XlaNode.Compiler do
     * `:keep_on_device` - return tensors whose data stays on the node (`XlaNode.Backend`), to
       pass into the next call without moving them. Default: `true` when the process's default
       backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
+      and in an `Nx.Serving` (its batches run in tasks that exit once they have replied, and
+      a buffer goes with the process that made it)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:timeout` - how long to wait for the run's result (default `:infinity`)
   """
@@ -53,10 +55,13 @@ defmodule XlaNode.Compiler do
     {key, templates, node}
   end
 
-  # Results stay on the node when asked to, or when the default backend is XlaNode.Backend.
+  # Results stay on the node when asked to, or when the default backend is XlaNode.Backend,
+  # except in an Nx.Serving (which passes :batch_keys): it runs each batch in a task that exits
+  # once it has replied, taking the buffers it owns with it.
   defp keep_on_device?(opts) do
     Keyword.get_lazy(opts, :keep_on_device, fn ->
-      match?({XlaNode.Backend, _}, Nx.default_backend())
+      not Keyword.has_key?(opts, :batch_keys) and
+        match?({XlaNode.Backend, _}, Nx.default_backend())
     end)
   end
 
