@@ -155,5 +155,10 @@ defmodule XlaNode.BackendMemoryTest do
     Nx.exp(t6)
     Nx.exp(t64)
     assert info().compiles == c0 + 2
+
+    # Reading elements one by one (t[i] is a slice and a squeeze): one slice program, whatever
+    # the place.
+    assert Enum.map(0..4, &Nx.to_number(t[&1])) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert info().compiles == c0 + 4
   end
 end

@@ -256,6 +256,25 @@ defmodule XlaNode.Backend do
 
   ## Operations
 
+  # Start indices go as arguments, so that a slice is compiled once per shape, not once per
+  # place (rows read one by one in a loop); Nx has checked integer ones against the shape.
+  @impl true
+  def slice(out, tensor, start_indices, lengths, strides) do
+    Eager.run(:slice, out, [tensor, dynamic(start_indices), lengths, strides])
+  end
+
+  @impl true
+  def put_slice(out, tensor, start_indices, slice) do
+    Eager.run(:put_slice, out, [tensor, dynamic(start_indices), slice])
+  end
+
+  defp dynamic(indices) do
+    Enum.map(indices, fn
+      i when is_integer(i) -> Nx.tensor(i, type: :s64, backend: Nx.BinaryBackend)
+      t -> t
+    end)
+  end
+
   @impl true
   def block(struct, output, args, fun) do
     Eager.run(:block, output, [struct, args, fun], nil, fn [struct, args, fun] ->
@@ -277,6 +296,8 @@ defmodule XlaNode.Backend do
     to_batched: 3,
     to_pointer: 2,
     from_pointer: 5,
+    slice: 5,
+    put_slice: 4,
     block: 4
   ]
 
