@@ -40,24 +40,13 @@ true = Node.connect(xla)
 echo = :erpc.call(base, :erlang, :spawn, [Bench.Baseline, :echo_loop, []])
 _ = peer
 
+Code.require_file("timing.exs", __DIR__)
+
 defmodule Bench do
-  def median(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples), 2))
-  def p99(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples) * 99, 100))
-
-  def time(fun) do
-    t0 = System.monotonic_time(:nanosecond)
-    fun.()
-    (System.monotonic_time(:nanosecond) - t0) / 1000
-  end
-
-  # Alternates `rounds` rounds of `n` samples of each function; returns the samples per side.
-  def interleave(funs, rounds, n) do
-    Enum.reduce(1..rounds, Map.new(funs, fn {k, _} -> {k, []} end), fn _, acc ->
-      Enum.reduce(funs, acc, fn {k, f}, acc ->
-        Map.update!(acc, k, &(for(_ <- 1..n, do: time(f)) ++ &1))
-      end)
-    end)
-  end
+  defdelegate median(samples), to: Bench.Timing
+  defdelegate p99(samples), to: Bench.Timing
+  defdelegate time(fun), to: Bench.Timing
+  defdelegate interleave(funs, rounds, n), to: Bench.Timing
 
   def report(title, rows), do: IO.puts("\n## #{title}\n" <> Enum.map_join(rows, "\n", fn r -> "  " <> r end))
   # With XLA_NODE_CALLBACK_TRACE=1 in the node's environment, :info has the median time from a

@@ -33,23 +33,12 @@ true = Node.connect(xla)
 {:module, _} = :erpc.call(base, :code, :load_binary, [mod, ~c"bench_nx_baseline.beam", bin])
 {:ok, _} = :erpc.call(base, GenServer, :start, [Bench.NxEager.Baseline, nil, [name: :baseline]])
 
+Code.require_file("timing.exs", __DIR__)
+
 defmodule Bench.NxEager do
-  def median(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples), 2))
-
-  def time_us(fun) do
-    t0 = System.monotonic_time(:nanosecond)
-    fun.()
-    (System.monotonic_time(:nanosecond) - t0) / 1000
-  end
-
-  # `rounds` rounds of `n` calls of each function in turn; the samples per function.
-  def interleave(funs, rounds, n) do
-    Enum.reduce(1..rounds, Map.new(funs, fn {k, _} -> {k, []} end), fn _, acc ->
-      Enum.reduce(funs, acc, fn {k, f}, acc ->
-        Map.update!(acc, k, &(for(_ <- 1..n, do: time_us(f)) ++ &1))
-      end)
-    end)
-  end
+  defdelegate median(samples), to: Bench.Timing
+  defdelegate time_us(fun), to: Bench.Timing, as: :time
+  defdelegate interleave(funs, rounds, n), to: Bench.Timing
 
   def us(x), do: :erlang.float_to_binary(x / 1, decimals: 1) <> " us"
   def ms(x), do: :erlang.float_to_binary(x / 1000, decimals: 2) <> " ms"
