@@ -3,52 +3,9 @@ defmodule XlaNode.CompilerTest do
 
   import Nx.Defn
   import ExUnit.CaptureIO
+  import XlaNode.NxTest.Compare
 
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
-
-  # The same function through XlaNode.Compiler and through Nx.Defn.Evaluator.
-  defp both(fun, args) do
-    ours = apply(Nx.Defn.jit(fun, compiler: XlaNode.Compiler, node: xla()), args)
-    theirs = apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator), args)
-    {ours, theirs}
-  end
-
-  defp assert_same(fun, args, opts \\ []) do
-    {ours, theirs} = both(fun, args)
-    assert_match(ours, theirs, opts)
-  end
-
-  defp assert_match(%Nx.Tensor{} = ours, %Nx.Tensor{} = theirs, opts) do
-    assert ours.type == theirs.type,
-           "type #{inspect(ours.type)}, expected #{inspect(theirs.type)}"
-
-    assert ours.shape == theirs.shape,
-           "shape #{inspect(ours.shape)}, expected #{inspect(theirs.shape)}"
-
-    if Nx.Type.integer?(theirs.type) do
-      assert Nx.to_flat_list(ours) == Nx.to_flat_list(theirs)
-    else
-      # Half-precision results may round the other way: XLA computes in f32 and rounds once.
-      rtol = if elem(theirs.type, 1) == 16, do: 1.0e-2, else: 1.0e-4
-
-      assert Nx.all_close(ours, theirs,
-               atol: opts[:atol] || 1.0e-5,
-               rtol: rtol,
-               equal_nan: true
-             )
-             |> Nx.to_number() == 1,
-             "got #{inspect(ours)}\nexpected #{inspect(theirs)}"
-    end
-  end
-
-  defp assert_match(ours, theirs, opts) when is_tuple(ours) do
-    Enum.zip_with(Tuple.to_list(ours), Tuple.to_list(theirs), &assert_match(&1, &2, opts))
-  end
-
-  defp assert_match(%{} = ours, %{} = theirs, opts) do
-    assert Map.keys(ours) == Map.keys(theirs)
-    for k <- Map.keys(ours), do: assert_match(ours[k], theirs[k], opts)
-  end
 
   @f Nx.tensor([[0.5, -1.5, 2.0], [3.25, 0.0, -0.75]])
   @i Nx.tensor([[1, -2, 3], [4, 5, -6]], type: :s32)
@@ -462,6 +419,36 @@ defmodule XlaNode.CompilerTest do
 
     assert out =~ "4.0"
     assert_hook_overridden(callbacks: :split)
+  end
+
+  def report(t, opts) do
+    send(opts[:to], {:ran_in, self()})
+    Nx.multiply(t, 3)
+  end
+
+  defn while_called_back(x, opts \\ []) do
+    opts = keyword!(opts, [:to])
+
+    {_i, x} =
+      while {i = 0, x}, i < 2 do
+        {i + 1, Nx.runtime_call(x, x, [to: opts[:to]], &report/2)}
+      end
+
+    x
+  end
+
+  test "callbacks: :split leaves a callback inside a while in the node's program" do
+    f =
+      Nx.Defn.jit(&while_called_back/2,
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        callbacks: :split
+      )
+
+    assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]), to: self())) == [9.0, 18.0]
+    # Served by the run's callback server, not evaluated by the caller.
+    assert_receive {:ran_in, pid}
+    assert pid != self()
   end
 
   test "a CPU node runs callbacks inside the program unless told to split" do

@@ -8,6 +8,8 @@ defmodule XlaNode.Backend do
   `Nx.backend_copy/2` and `Nx.backend_deallocate/1` work; any other Nx operation on it raises,
   saying to jit it or to transfer the tensor first. The buffer belongs to the process that
   made the call: the node frees it when that process exits (or with `Nx.backend_deallocate/1`).
+  `Nx.Serving` runs each batch in a task of its own, which exits once it has replied, so a
+  serving's results must not be kept on the device.
   """
 
   @behaviour Nx.Backend
