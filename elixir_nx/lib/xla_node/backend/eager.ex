@@ -15,7 +15,13 @@ defmodule XlaNode.Backend.Eager do
   The node an operation runs on is that of its first argument with data on a node; tensors of
   any other node are read from theirs and sent along, so mixing nodes works and moves data
   through this node (see `XlaNode.Backend`).
+
+  The first run of an operation goes through `Nx.Defn.jit_apply/3` with this module as the
+  compiler, which traces the expression as Nx does for any compiler and hands it to
+  `XlaNode.Compiler.program/5` under the operation's key; later runs find the program there.
   """
+
+  @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
   alias XlaNode.Backend
@@ -36,7 +42,7 @@ defmodule XlaNode.Backend.Eager do
     node = node_of(tensors) || node || raise_no_node(name)
     # Names label the result only: programs are shared across them.
     inputs = Enum.map(tensors, &unnamed/1)
-    key = XlaNode.Compiler.cache_key({Backend, name, static, shapes(out)}, inputs, node)
+    key = {{Backend, name, static, shapes(out)}, XlaNode.Compiler.templates(inputs), node}
 
     results =
       case Cache.get(key) do
@@ -57,24 +63,31 @@ defmodule XlaNode.Backend.Eager do
     result
   end
 
-  # The first run goes through Nx.Defn with XlaNode.Compiler, which lowers, compiles and
-  # caches the program under the stage key, then runs it.
-  defp compile_and_run({stage_key, _, _}, static, inputs, node, build) do
+  defp compile_and_run(key, static, inputs, node, build) do
     expr_fun = fn params -> build.(fill(static, Tuple.to_list(params))) end
-
-    opts = [
-      compiler: XlaNode.Compiler,
-      node: node,
-      stage_key: stage_key,
-      callbacks: :inside,
-      keep_on_device: true,
-      on_conflict: :force
-    ]
+    opts = [compiler: __MODULE__, cache_key: key, node: node, on_conflict: :force]
 
     [Nx.Defn.jit_apply(expr_fun, [List.to_tuple(inputs)], opts)]
     |> Composite.flatten_list()
     |> Enum.map(& &1.data)
   end
+
+  @impl true
+  def __jit__(key, vars, fun, args_list, opts), do: __compile__(key, vars, fun, opts).(args_list)
+
+  @impl true
+  def __compile__(_key, vars, fun, opts) do
+    node = Keyword.fetch!(opts, :node)
+    program_opts = [node: node, callbacks: :inside, keep_on_device: true]
+    info = XlaNode.Compiler.Cache.node_info(node)
+    XlaNode.Compiler.program(Keyword.fetch!(opts, :cache_key), vars, fun, program_opts, info)
+  end
+
+  @impl true
+  def __partitions_options__(opts), do: [opts]
+
+  @impl true
+  def __to_backend__(opts), do: {Backend, node: Keyword.fetch!(opts, :node)}
 
   # Splits the arguments into the tensors (at the top level or in a list) and the rest, with
   # {Backend, :tensor} where each tensor was.
