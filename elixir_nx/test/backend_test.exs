@@ -3,6 +3,11 @@ defmodule XlaNode.BackendTest do
   # on the same values.
   use ExUnit.Case, async: true
 
+  # Compiles go one at a time through XlaNode.Compiler.Cache; with the other async modules
+  # compiling too, on a loaded 2-core machine, a test that compiles many programs (linear
+  # algebra's) can take over a minute.
+  @moduletag timeout: 300_000
+
   alias XlaNode.NxTest.Node
 
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
