@@ -587,6 +587,135 @@ defmodule XlaNode.CompilerTest do
     assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
   end
 
+  test "an unknown option raises, naming the valid ones; so does a bad value" do
+    f = &Nx.multiply(&1, 2)
+    x = Nx.tensor([1.0, 2.0])
+
+    error =
+      assert_raise ArgumentError, fn ->
+        Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), keep_on_devise: true).(x)
+      end
+
+    assert error.message =~ "unknown option :keep_on_devise"
+
+    for valid <- XlaNode.Compiler.Options.valid(),
+        do: assert(error.message =~ inspect(valid), "#{inspect(valid)} is not listed")
+
+    template = [Nx.template({2}, :f32)]
+
+    assert_raise ArgumentError, ~r/unknown option :time_out/, fn ->
+      Nx.Defn.compile(f, template, compiler: XlaNode.Compiler, node: xla(), time_out: 5)
+    end
+
+    assert_raise ArgumentError, ~r/unknown option :nod/, fn ->
+      Nx.Defn.to_backend(compiler: XlaNode.Compiler, nod: xla())
+    end
+
+    assert_raise ArgumentError, ~r/unknown option :callback/, fn ->
+      XlaNode.Compiler.__partitions_options__(compiler: XlaNode.Compiler, callback: :split)
+    end
+
+    for {option, bad} <- [
+          node: "xla@host",
+          callbacks: :outside,
+          callback_timeout: 0,
+          queue_timeout: -1,
+          hooks: [print: &IO.inspect/1],
+          keep_on_device: :yes,
+          timeout: :never
+        ] do
+      assert_raise ArgumentError, ~r/#{inspect(option)}( option)? must be/, fn ->
+        Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ [{option, bad}]).(x)
+      end
+    end
+
+    # The backend's options are checked too.
+    assert_raise ArgumentError, ~r/\bnod\b/, fn ->
+      Nx.backend_transfer(x, {XlaNode.Backend, nod: xla()})
+    end
+  end
+
+  test "every valid option, and those Nx passes through to the compiler, are taken" do
+    f = &Nx.multiply(&1, 2)
+    x = Nx.tensor([1.0, 2.0])
+
+    for opts <- [
+          [callbacks: :inside],
+          [callbacks: :split],
+          [callback_timeout: 5_000],
+          [callback_timeout: :infinity],
+          [queue_timeout: 0],
+          [queue_timeout: :infinity],
+          [hooks: %{}],
+          [keep_on_device: false],
+          [timeout: 60_000],
+          [timeout: :infinity],
+          # Nx.Defn.jit/2's own, which Nx keeps to itself.
+          [on_conflict: :raise]
+        ] do
+      jitted = Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ opts)
+      assert Nx.to_flat_list(jitted.(x)) == [2.0, 4.0], inspect(opts)
+    end
+
+    kept = Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), keep_on_device: true)
+    assert Nx.to_flat_list(kept.(x)) == [2.0, 4.0]
+
+    # Nx.Defn.compile/3 passes :on_conflict on to the compiler.
+    compiled =
+      Nx.Defn.compile(f, [Nx.template({2}, :f32)],
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        hooks: %{},
+        on_conflict: :reuse
+      )
+
+    assert Nx.to_flat_list(compiled.(x)) == [2.0, 4.0]
+
+    # Options set as defaults reach the compiler like any other.
+    previous = Nx.Defn.default_options(compiler: XlaNode.Compiler, node: xla())
+
+    try do
+      assert Nx.to_flat_list(Nx.Defn.jit(f).(x)) == [2.0, 4.0]
+    after
+      Nx.Defn.default_options(previous)
+    end
+
+    assert Nx.Defn.to_backend(compiler: XlaNode.Compiler, node: xla()) == {Nx.BinaryBackend, []}
+  end
+
+  test "Nx.Serving's options reach the compiler and are taken: batch keys, partitions, hooks" do
+    batch = Nx.Batch.stack([Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])])
+
+    # A one-argument function gets the options with the serving's :batch_keys.
+    serving =
+      Nx.Serving.new(fn opts -> Nx.Defn.jit(&Nx.multiply(&1, 2), opts) end,
+        compiler: XlaNode.Compiler,
+        node: xla()
+      )
+
+    assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
+
+    # Partitioned, the compiler's __partitions_options__ gets them with :compiler; streaming
+    # hooks come as :hooks.
+    name = :"partitioned_serving_#{System.unique_integer([:positive])}"
+
+    hooked =
+      Nx.Serving.new(
+        fn opts -> Nx.Defn.jit(&hooked/1, opts) end,
+        compiler: XlaNode.Compiler,
+        node: xla()
+      )
+      |> Nx.Serving.streaming(hooks: [:doubled])
+
+    start_supervised!({Nx.Serving, serving: hooked, name: name, batch_size: 2, partitions: true})
+
+    events = name |> Nx.Serving.batched_run(batch) |> Enum.to_list()
+    assert {:doubled, doubled} = List.keyfind(events, :doubled, 0)
+    assert Nx.to_list(doubled) == [[2.0, 4.0], [6.0, 8.0]]
+    assert {:batch, result, _metadata} = List.keyfind(events, :batch, 0)
+    assert Nx.to_list(result) == [[3.0, 5.0], [7.0, 9.0]]
+  end
+
   test "an op it cannot lower, or a missing node, raises at compile time" do
     assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.Defn.jit(&Nx.exp/1, compiler: XlaNode.Compiler).(Nx.tensor(1.0))

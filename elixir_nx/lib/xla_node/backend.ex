@@ -26,8 +26,15 @@ defmodule XlaNode.Backend do
     init: 1
   ]
 
+  # Its tensors come from XlaNode.Compiler (keep_on_device: true), never from options.
   @impl true
-  def init(opts), do: opts
+  def init([]), do: []
+
+  def init(opts) do
+    raise ArgumentError,
+          "XlaNode.Backend takes no options (its tensors come from XlaNode.Compiler with " <>
+            "keep_on_device: true), got #{inspect(opts)}"
+  end
 
   @impl true
   def to_binary(%Nx.Tensor{} = t, limit) do

@@ -20,8 +20,8 @@ defmodule XlaNode.Compiler do
   ## Options
 
     * `:node` - the compute node (required)
-    * `:callback_timeout` - how long the node waits for each callback, in milliseconds
-      (default: the node's `--callback-timeout`)
+    * `:callback_timeout` - how long the node waits for each callback, in milliseconds or
+      `:infinity` (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
       program; `:split`: the program is cut at each of them, the pieces run on the node with
       their results kept there, and the callbacks run on this node between them (see
@@ -30,19 +30,28 @@ defmodule XlaNode.Compiler do
     * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
       to pass into the next call without moving them (default `false`)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
-    * `:timeout` - how long to wait for the run's result (default `:infinity`)
+    * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
+      many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
+    * `:timeout` - how long to wait for the run's result, in milliseconds or `:infinity`
+      (default `:infinity`)
+
+  Any other option raises `ArgumentError`, naming the valid ones, except those Nx itself passes
+  through to a compiler (see `XlaNode.Compiler.Options`).
   """
 
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.{Composite, Expr}
-  alias XlaNode.Compiler.{Cache, Lower}
+  alias XlaNode.Compiler.{Cache, Lower, Options}
 
   @impl true
-  def __partitions_options__(opts), do: [opts]
+  def __partitions_options__(opts), do: [Options.validate!(opts)]
 
   @impl true
-  def __to_backend__(_opts), do: {Nx.BinaryBackend, []}
+  def __to_backend__(opts) do
+    Options.validate!(opts)
+    {Nx.BinaryBackend, []}
+  end
 
   @impl true
   def __jit__(key, vars, fun, args_list, opts) do
@@ -51,6 +60,7 @@ defmodule XlaNode.Compiler do
 
   @impl true
   def __compile__(key, vars, fun, opts) do
+    opts = Options.validate!(opts)
     node = node!(opts)
     info = Cache.node_info(node)
 
@@ -60,10 +70,6 @@ defmodule XlaNode.Compiler do
 
       :split ->
         XlaNode.Compiler.Split.compile(cache_key(key), vars, fun, opts, info)
-
-      other ->
-        raise ArgumentError,
-              "XlaNode.Compiler: :callbacks must be :inside or :split, got #{inspect(other)}"
     end
   end
 
@@ -83,7 +89,7 @@ defmodule XlaNode.Compiler do
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
-    run_opts = Keyword.take(opts, [:callback_timeout, :keep_on_device])
+    run_opts = Keyword.take(opts, [:callback_timeout, :queue_timeout, :keep_on_device])
     timeout = Keyword.get(opts, :timeout, :infinity)
 
     fn [params] ->
@@ -154,12 +160,8 @@ defmodule XlaNode.Compiler do
 
   defp node!(opts) do
     case Keyword.fetch(opts, :node) do
-      {:ok, node} when is_atom(node) and node != nil ->
+      {:ok, node} ->
         node
-
-      {:ok, other} ->
-        raise ArgumentError,
-              "XlaNode.Compiler: :node must be a node name (an atom), got #{inspect(other)}"
 
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
