@@ -632,7 +632,8 @@ defmodule XlaNode.CompilerTest do
       end
     end
 
-    assert_raise ArgumentError, ~r/unknown keys \[:nod\]/, fn ->
+    # The backend's options are checked too.
+    assert_raise ArgumentError, ~r/\bnod\b/, fn ->
       Nx.backend_transfer(x, {XlaNode.Backend, nod: xla()})
     end
   end
