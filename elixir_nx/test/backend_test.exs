@@ -1,11 +1,11 @@
 defmodule XlaNode.BackendTest do
   # Tensors on the node, operations run there: every result is compared with Nx.BinaryBackend's
-  # on the same values.
-  use ExUnit.Case, async: true
+  # on the same values. Not async: its tensors stay on the node, and other tests count the
+  # node's buffers.
+  use ExUnit.Case, async: false
 
-  # Compiles go one at a time through XlaNode.Compiler.Cache; with the other async modules
-  # compiling too, on a loaded 2-core machine, a test that compiles many programs (linear
-  # algebra's) can take over a minute.
+  # Compiles go one at a time through XlaNode.Compiler.Cache; on a loaded 2-core machine a test
+  # that compiles many programs (linear algebra's) can take over a minute.
   @moduletag timeout: 300_000
 
   alias XlaNode.NxTest.Node
