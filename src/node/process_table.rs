@@ -2,12 +2,13 @@
 //! the monitors and links that tie them to other processes, local or on peers.
 //!
 //! Everything that must fire when a process ends or a node goes down is recorded here, so that
-//! termination ([`Node::terminate`]) and nodedown ([`Node::node_down`]) can tell every watcher and
+//! termination (`Node::terminate`) and nodedown (`Node::node_down`) can tell every watcher and
 //! linked process, as the BEAM does: `:DOWN` / MONITOR_P_EXIT for monitors, EXIT for links.
 //!
-//! The table sits behind one mutex that is held only for the bookkeeping itself: what must be
-//! delivered or sent because of a change is collected under the lock and done after it is
-//! released, so that no mailbox send or peer queue is ever reached with the table locked.
+//! The table sits behind one mutex, held for the bookkeeping and for putting a signal into a
+//! mailbox (an unbounded channel: it never waits). What a change must send to peers or to other
+//! processes is collected under the lock and sent after it is released, so no peer's queue is
+//! ever reached with the table locked.
 
 use super::control::{ControlMessage, ProcRef};
 use super::process::{Dest, Process, Signal};
