@@ -8,6 +8,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use std::io::IsTerminal;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -107,6 +108,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or a supervisor's journal gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;

@@ -85,16 +85,16 @@ impl Peer {
 
 /// The slot for `name`, dialling it if no connection exists or is under way.
 pub fn peer_for(node: &Node, name: &str) -> Arc<Peer> {
-    let mut state = node.state();
-    if let Some(peer) = state.peers.get(name) {
+    let mut peers = node.peers();
+    if let Some(peer) = peers.get(name) {
         return peer.clone();
     }
     let peer = Peer::new(name, true);
     if node.shutdown_token().is_cancelled() {
         return peer; // never connected: whatever is queued is dropped
     }
-    state.peers.insert(name.to_string(), peer.clone());
-    drop(state);
+    peers.insert(name.to_string(), peer.clone());
+    drop(peers);
     node.runtime().spawn(dial(node.clone(), peer.clone()));
     peer
 }
@@ -151,15 +151,12 @@ async fn attach(node: Node, peer: Arc<Peer>, stream: TcpStream, info: PeerInfo) 
 
 /// Removes `peer` from the table (if it is still the slot there) and purges what went through it.
 fn release(node: &Node, peer: &Arc<Peer>) {
-    let mut state = node.state();
-    let current = state
-        .peers
-        .get(&peer.name)
-        .is_some_and(|p| Arc::ptr_eq(p, peer));
+    let mut peers = node.peers();
+    let current = peers.get(&peer.name).is_some_and(|p| Arc::ptr_eq(p, peer));
     if current {
-        state.peers.remove(&peer.name);
+        peers.remove(&peer.name);
     }
-    drop(state);
+    drop(peers);
     if current {
         node.node_down(&peer.name);
     }
@@ -197,11 +194,11 @@ async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
     }
 
     let (status, slot) = {
-        let mut state = node.state();
-        match state.peers.get(&info.name).cloned() {
+        let mut peers = node.peers();
+        match peers.get(&info.name).cloned() {
             None => {
                 let peer = Peer::new(&info.name, false);
-                state.peers.insert(info.name.clone(), peer.clone());
+                peers.insert(info.name.clone(), peer.clone());
                 (Status::Ok, Some(peer))
             }
             Some(existing) if existing.is_up() => (Status::Alive, Some(existing)),
@@ -256,8 +253,8 @@ async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
 }
 
 fn peer_slot_for_inbound(node: &Node, name: &str) -> Arc<Peer> {
-    let mut state = node.state();
+    let mut peers = node.peers();
     let peer = Peer::new(name, false);
-    state.peers.insert(name.to_string(), peer.clone());
+    peers.insert(name.to_string(), peer.clone());
     peer
 }
