@@ -17,10 +17,12 @@
 //! Files: `target` (operand 0: run handles and term-encoded targets), `run` (per-run state and the
 //! requester watch), `wait` (send + wait with monitors and timeouts), `watch` (monitors shared by
 //! every callback to one process), `handlers` (the three FFI targets and reply checking),
-//! `streams` (outfeed sending), `inspect` (Elixir-style error texts).
+//! `polling` (how long a waiting thread polls), `streams` (outfeed sending), `inspect`
+//! (Elixir-style error texts).
 
 mod handlers;
 pub mod inspect;
+mod polling;
 mod run;
 mod streams;
 pub mod target;
