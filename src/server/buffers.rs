@@ -35,13 +35,7 @@ pub fn read(state: &Arc<State>, from: From, buffer: Reference) {
         Err(e) => return state.reply(&from, e.to_reply()),
     };
     state.spawn(move |state| {
-        let read = buffer.to_host().map(|data| {
-            host_tensor_term(HostTensor::new(
-                buffer.dtype(),
-                buffer.dims().to_vec(),
-                data,
-            ))
-        });
+        let read = buffer.to_host_tensor().map(host_tensor_term);
         state.reply_result(&from, read.map_err(RequestError::from));
     });
 }

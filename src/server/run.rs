@@ -1,11 +1,11 @@
 //! `{:run, exe, args}` / `{:run, exe, args, opts}`: running a compiled program, the node's data
 //! path.
 //!
-//! It reads straight: the request's tensors (and the buffers it names) are checked against the
-//! executable's parameters, here on the server's task, so that wrong arguments are answered at
-//! once and never wait for a place; the [`Scheduler`](super::schedule::Scheduler) admits the run
-//! to an executor thread, which executes it and replies with the results, as tensors or as
-//! buffers left on the device.
+//! It reads straight: the request's tensors (and the buffers it names) are checked once against
+//! the executable's parameters, here on the server's task, so that wrong arguments are answered
+//! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
+//! the [`Scheduler`](super::schedule::Scheduler) admits the run to an executor thread, which
+//! executes it and replies with the results, as tensors or as buffers left on the device.
 //!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
@@ -16,11 +16,12 @@ use super::parse::{argument, boolean, keywords, reference, Elements};
 use super::resources::{Program, Resource};
 use super::schedule::TimedOut;
 use super::state::State;
+use crate::dispatch::RunHandle;
 use crate::node::gen::From;
 use crate::node::term::{as_atom, as_i64, list};
 use crate::node::Dest;
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Buffer, DType, Executable, HostTensor, Input, Job, XlaError};
+use crate::xla::{Argument, DType, Executable, HostTensor, Job, Run, XlaError};
 use eetf::{Reference, Term};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,8 +73,10 @@ impl RunRequest {
             Err(e) => return state.reply(&from, e.to_reply()),
         };
         // Checked before the run takes a place: wrong arguments never wait in the queue.
-        let supply_handle = match check_arguments(&program.exe, &given, &options) {
-            Ok(supply_handle) => supply_handle,
+        let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
+        let leading = handle.map(RunHandle::tensor).into_iter().collect();
+        let run = match Run::new(program.exe.clone(), leading, given) {
+            Ok(run) => run,
             Err(e) => return reply(state, &from, Err(e)),
         };
         let calls_back = program.calls_back;
@@ -85,7 +88,7 @@ impl RunRequest {
         let job: Job = {
             let state = state.clone();
             Box::new(move || {
-                let results = execute(&state, &program, given, supply_handle, &options, &from);
+                let results = execute(&state, &program, &run, handle, &options, &from);
                 reply(&state, &from, results);
             })
         };
@@ -106,64 +109,29 @@ fn executable(state: &State, reference: &Reference) -> Result<Arc<Program>, Requ
     }
 }
 
-/// A run argument: a tensor from the request, or a buffer already on the device.
-enum Arg {
-    Host(HostTensor),
-    Device(Arc<Buffer>),
-}
-
 /// The arguments as the run takes them: the request's tensors, and the buffers it names.
-fn arguments(state: &State, args: Vec<RunArg>) -> Result<Vec<Arg>, RequestError> {
+fn arguments(state: &State, args: Vec<RunArg>) -> Result<Vec<Argument>, RequestError> {
     args.into_iter()
         .enumerate()
         .map(|(i, arg)| match arg {
-            RunArg::Tensor(t) => Ok(Arg::Host(t)),
+            RunArg::Tensor(t) => Ok(Argument::Host(t)),
             RunArg::Buffer(r) => state
                 .lookup_buffer(&r)
-                .map(Arg::Device)
+                .map(Argument::Device)
                 .map_err(|e| argument(format!("argument {i}: {e}"))),
         })
         .collect()
 }
 
-/// Checks a run's arguments against the executable's parameters (count, dtype, dims, byte size),
-/// and returns whether the node supplies parameter 0: EXLA-compiled modules take the callback
-/// server as a `u8[8]` first parameter, which the node fills with a handle into the dispatcher's
-/// table when the caller leaves it out.
-fn check_arguments(exe: &Executable, args: &[Arg], options: &RunOptions) -> Result<bool, XlaError> {
+/// Whether the node supplies parameter 0: EXLA-compiled modules take the callback server as a
+/// `u8[8]` first parameter, which the node fills with the run's handle when the caller names a
+/// callback server or leaves that parameter out.
+fn supplies_handle(exe: &Executable, given: usize, options: &RunOptions) -> bool {
     let params = exe.parameters();
     let callback_param = params
         .first()
         .is_some_and(|p| p.dtype == DType::U8 && p.dims == [8]);
-    let supply_handle =
-        callback_param && (options.callback_server.is_some() || args.len() + 1 == params.len());
-    let offset = usize::from(supply_handle);
-    if args.len() + offset != params.len() {
-        return Err(XlaError::Argument(format!(
-            "expected {} arguments{}, got {}",
-            params.len() - offset,
-            if offset == 1 {
-                " (after the callback handle the node supplies)"
-            } else {
-                ""
-            },
-            args.len()
-        )));
-    }
-    for (i, (arg, param)) in args.iter().zip(&params[offset..]).enumerate() {
-        let given = match arg {
-            Arg::Host(t) => t.spec(),
-            Arg::Device(b) => b.spec().clone(),
-        };
-        if &given != param {
-            return Err(XlaError::Argument(format!(
-                "argument {i}: expected {param} ({} bytes), got {given} ({} bytes)",
-                param.byte_size(),
-                given.byte_size()
-            )));
-        }
-    }
-    Ok(supply_handle)
+    callback_param && (options.callback_server.is_some() || given + 1 == params.len())
 }
 
 /// Executes the run (on an executor thread) with its callback context open, and returns the
@@ -171,14 +139,14 @@ fn check_arguments(exe: &Executable, args: &[Arg], options: &RunOptions) -> Resu
 fn execute(
     state: &State,
     program: &Program,
-    args: Vec<Arg>,
-    supply_handle: bool,
+    run: &Run,
+    handle: Option<RunHandle>,
     options: &RunOptions,
     from: &From,
 ) -> Result<Vec<Term>, XlaError> {
-    let exe = &program.exe;
-    let callbacks = supply_handle.then(|| {
+    let callbacks = handle.map(|handle| {
         state.dispatcher.open_run(
+            handle,
             options.callback_server.clone(),
             from.pid.clone(),
             options
@@ -186,29 +154,18 @@ fn execute(
                 .unwrap_or_else(|| state.dispatcher.default_timeout()),
         )
     });
-    let handle = callbacks
-        .as_ref()
-        .map(|callbacks| HostTensor::new(DType::U8, vec![8], callbacks.handle_bytes().to_vec()));
-    let inputs: Vec<Input<'_>> = handle
-        .iter()
-        .map(Input::Host)
-        .chain(args.iter().map(|arg| match arg {
-            Arg::Host(t) => Input::Host(t),
-            Arg::Device(b) => Input::Device(b),
-        }))
-        .collect();
     let outputs = if program.calls_back {
         let gated = state.scheduler.gate.run_calling_back();
         if let Some(callbacks) = &callbacks {
             let on_its_thread = gated.clone();
             callbacks.on_call_on_run_thread(move || on_its_thread.called_back_on_run_thread());
         }
-        let outputs = exe.run_observed(&inputs, &mut |completed| gated.launched(completed));
+        let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
         gated.finished();
         outputs
     } else {
         let _window = state.scheduler.gate.run_without_callbacks();
-        exe.run(&inputs)
+        run.execute()
     };
     drop(callbacks);
     let outputs = outputs?;
@@ -220,10 +177,7 @@ fn execute(
     }
     outputs
         .iter()
-        .map(|b| {
-            let tensor = HostTensor::new(b.dtype(), b.dims().to_vec(), b.to_host()?);
-            Ok(host_tensor_term(tensor))
-        })
+        .map(|b| b.to_host_tensor().map(host_tensor_term))
         .collect()
 }
 
