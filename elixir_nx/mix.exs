@@ -1,3 +1,67 @@
+defmodule XlaNodeNx.LocalPackages do
+  @moduledoc false
+  # Nx's own mix.exs names its dependencies as Hex packages (`{:complex, "~> 0.7"}`). Without
+  # Hex, Mix cannot even read such an entry ("Could not find an SCM for dependency :complex"),
+  # so an unedited Nx checkout cannot be a path dependency. Where Hex is not installed, this SCM
+  # answers for those entries: a package with a local checkout (COMPLEX_PATH, TELEMETRY_PATH)
+  # resolves to it, and the project's own path dependency on the same checkout overrides Nx's
+  # version requirement; any other (Nx's docs-only tools) stays unavailable, which is harmless
+  # outside the environment that names it.
+  @behaviour Mix.SCM
+
+  @variables %{complex: "COMPLEX_PATH", telemetry: "TELEMETRY_PATH"}
+
+  @doc "The local checkouts given in the environment, as `{app, path}`."
+  def checkouts do
+    for {app, var} <- @variables, path = System.get_env(var), do: {app, path}
+  end
+
+  @doc "Makes Mix ask this SCM about Hex entries, unless Hex itself is installed."
+  def register do
+    unless Code.ensure_loaded?(Hex), do: Mix.SCM.append(__MODULE__)
+  end
+
+  @impl true
+  def fetchable?, do: false
+
+  @impl true
+  def format(opts) do
+    opts[:local_path] ||
+      "Hex package, and Hex is not installed: set #{opts[:local_variable]} to a local checkout"
+  end
+
+  @impl true
+  def format_lock(_opts), do: nil
+
+  @impl true
+  def accepts_options(app, opts) do
+    variable = Map.get(@variables, app, "#{app |> Atom.to_string() |> String.upcase()}_PATH")
+
+    case System.get_env(variable) do
+      nil -> Keyword.put(opts, :local_variable, variable)
+      path -> Keyword.merge(opts, local_path: path, dest: Path.expand(path))
+    end
+  end
+
+  @impl true
+  def checked_out?(opts), do: opts[:local_path] != nil and File.dir?(opts[:dest])
+
+  @impl true
+  def checkout(opts), do: Mix.raise(format(opts))
+
+  @impl true
+  def update(opts), do: Mix.raise(format(opts))
+
+  @impl true
+  def lock_status(_opts), do: :ok
+
+  @impl true
+  def equal?(opts1, opts2), do: opts1[:dest] == opts2[:dest]
+
+  @impl true
+  def managers(_opts), do: []
+end
+
 defmodule XlaNodeNx.MixProject do
   use Mix.Project
 
@@ -6,8 +70,8 @@ defmodule XlaNodeNx.MixProject do
   # `runtime_call`s and hooks on the caller's node.
   #
   # Nx is an ordinary dependency. To build against a local checkout instead (machines without
-  # Hex), point NX_PATH at its `nx` folder, and COMPLEX_PATH and TELEMETRY_PATH at its
-  # dependencies.
+  # Hex), point NX_PATH at its `nx` folder, and COMPLEX_PATH and TELEMETRY_PATH at local
+  # checkouts of its dependencies (see the README).
   def project do
     [
       app: :xla_node_nx,
@@ -33,15 +97,12 @@ defmodule XlaNodeNx.MixProject do
         [{:nx, "~> 0.13"}]
 
       nx ->
-        [{:nx, path: nx, override: true}] ++
-          local("COMPLEX_PATH", :complex) ++ local("TELEMETRY_PATH", :telemetry)
-    end
-  end
+        XlaNodeNx.LocalPackages.register()
 
-  defp local(var, app) do
-    case System.get_env(var) do
-      nil -> []
-      path -> [{app, path: path, override: true}]
+        [{:nx, path: nx, override: true}] ++
+          Enum.flat_map(XlaNodeNx.LocalPackages.checkouts(), fn {app, path} ->
+            [{app, path: path, override: true}]
+          end)
     end
   end
 end

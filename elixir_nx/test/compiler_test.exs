@@ -3,52 +3,9 @@ defmodule XlaNode.CompilerTest do
 
   import Nx.Defn
   import ExUnit.CaptureIO
+  import XlaNode.NxTest.Compare
 
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
-
-  # The same function through XlaNode.Compiler and through Nx.Defn.Evaluator.
-  defp both(fun, args) do
-    ours = apply(Nx.Defn.jit(fun, compiler: XlaNode.Compiler, node: xla()), args)
-    theirs = apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator), args)
-    {ours, theirs}
-  end
-
-  defp assert_same(fun, args, opts \\ []) do
-    {ours, theirs} = both(fun, args)
-    assert_match(ours, theirs, opts)
-  end
-
-  defp assert_match(%Nx.Tensor{} = ours, %Nx.Tensor{} = theirs, opts) do
-    assert ours.type == theirs.type,
-           "type #{inspect(ours.type)}, expected #{inspect(theirs.type)}"
-
-    assert ours.shape == theirs.shape,
-           "shape #{inspect(ours.shape)}, expected #{inspect(theirs.shape)}"
-
-    if Nx.Type.integer?(theirs.type) do
-      assert Nx.to_flat_list(ours) == Nx.to_flat_list(theirs)
-    else
-      # Half-precision results may round the other way: XLA computes in f32 and rounds once.
-      rtol = if elem(theirs.type, 1) == 16, do: 1.0e-2, else: 1.0e-4
-
-      assert Nx.all_close(ours, theirs,
-               atol: opts[:atol] || 1.0e-5,
-               rtol: rtol,
-               equal_nan: true
-             )
-             |> Nx.to_number() == 1,
-             "got #{inspect(ours)}\nexpected #{inspect(theirs)}"
-    end
-  end
-
-  defp assert_match(ours, theirs, opts) when is_tuple(ours) do
-    Enum.zip_with(Tuple.to_list(ours), Tuple.to_list(theirs), &assert_match(&1, &2, opts))
-  end
-
-  defp assert_match(%{} = ours, %{} = theirs, opts) do
-    assert Map.keys(ours) == Map.keys(theirs)
-    for k <- Map.keys(ours), do: assert_match(ours[k], theirs[k], opts)
-  end
 
   @f Nx.tensor([[0.5, -1.5, 2.0], [3.25, 0.0, -0.75]])
   @i Nx.tensor([[1, -2, 3], [4, 5, -6]], type: :s32)
@@ -464,6 +421,36 @@ defmodule XlaNode.CompilerTest do
     assert_hook_overridden(callbacks: :split)
   end
 
+  def report(t, opts) do
+    send(opts[:to], {:ran_in, self()})
+    Nx.multiply(t, 3)
+  end
+
+  defn while_called_back(x, opts \\ []) do
+    opts = keyword!(opts, [:to])
+
+    {_i, x} =
+      while {i = 0, x}, i < 2 do
+        {i + 1, Nx.runtime_call(x, x, [to: opts[:to]], &report/2)}
+      end
+
+    x
+  end
+
+  test "callbacks: :split leaves a callback inside a while in the node's program" do
+    f =
+      Nx.Defn.jit(&while_called_back/2,
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        callbacks: :split
+      )
+
+    assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]), to: self())) == [9.0, 18.0]
+    # Served by the run's callback server, not evaluated by the caller.
+    assert_receive {:ran_in, pid}
+    assert pid != self()
+  end
+
   test "a CPU node runs callbacks inside the program unless told to split" do
     assert XlaNode.Compiler.Cache.node_info(xla()) == %{platform: "cpu", host_callbacks: true}
     parent = self()
@@ -598,6 +585,135 @@ defmodule XlaNode.CompilerTest do
 
     batch = Nx.Batch.stack([Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])])
     assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
+  end
+
+  test "an unknown option raises, naming the valid ones; so does a bad value" do
+    f = &Nx.multiply(&1, 2)
+    x = Nx.tensor([1.0, 2.0])
+
+    error =
+      assert_raise ArgumentError, fn ->
+        Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), keep_on_devise: true).(x)
+      end
+
+    assert error.message =~ "unknown option :keep_on_devise"
+
+    for valid <- XlaNode.Compiler.Options.valid(),
+        do: assert(error.message =~ inspect(valid), "#{inspect(valid)} is not listed")
+
+    template = [Nx.template({2}, :f32)]
+
+    assert_raise ArgumentError, ~r/unknown option :time_out/, fn ->
+      Nx.Defn.compile(f, template, compiler: XlaNode.Compiler, node: xla(), time_out: 5)
+    end
+
+    assert_raise ArgumentError, ~r/unknown option :nod/, fn ->
+      Nx.Defn.to_backend(compiler: XlaNode.Compiler, nod: xla())
+    end
+
+    assert_raise ArgumentError, ~r/unknown option :callback/, fn ->
+      XlaNode.Compiler.__partitions_options__(compiler: XlaNode.Compiler, callback: :split)
+    end
+
+    for {option, bad} <- [
+          node: "xla@host",
+          callbacks: :outside,
+          callback_timeout: 0,
+          queue_timeout: -1,
+          hooks: [print: &IO.inspect/1],
+          keep_on_device: :yes,
+          timeout: :never
+        ] do
+      assert_raise ArgumentError, ~r/#{inspect(option)}( option)? must be/, fn ->
+        Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ [{option, bad}]).(x)
+      end
+    end
+
+    # The backend's options are checked too.
+    assert_raise ArgumentError, ~r/\bnod\b/, fn ->
+      Nx.backend_transfer(x, {XlaNode.Backend, nod: xla()})
+    end
+  end
+
+  test "every valid option, and those Nx passes through to the compiler, are taken" do
+    f = &Nx.multiply(&1, 2)
+    x = Nx.tensor([1.0, 2.0])
+
+    for opts <- [
+          [callbacks: :inside],
+          [callbacks: :split],
+          [callback_timeout: 5_000],
+          [callback_timeout: :infinity],
+          [queue_timeout: 0],
+          [queue_timeout: :infinity],
+          [hooks: %{}],
+          [keep_on_device: false],
+          [timeout: 60_000],
+          [timeout: :infinity],
+          # Nx.Defn.jit/2's own, which Nx keeps to itself.
+          [on_conflict: :raise]
+        ] do
+      jitted = Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ opts)
+      assert Nx.to_flat_list(jitted.(x)) == [2.0, 4.0], inspect(opts)
+    end
+
+    kept = Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), keep_on_device: true)
+    assert Nx.to_flat_list(kept.(x)) == [2.0, 4.0]
+
+    # Nx.Defn.compile/3 passes :on_conflict on to the compiler.
+    compiled =
+      Nx.Defn.compile(f, [Nx.template({2}, :f32)],
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        hooks: %{},
+        on_conflict: :reuse
+      )
+
+    assert Nx.to_flat_list(compiled.(x)) == [2.0, 4.0]
+
+    # Options set as defaults reach the compiler like any other.
+    previous = Nx.Defn.default_options(compiler: XlaNode.Compiler, node: xla())
+
+    try do
+      assert Nx.to_flat_list(Nx.Defn.jit(f).(x)) == [2.0, 4.0]
+    after
+      Nx.Defn.default_options(previous)
+    end
+
+    assert Nx.Defn.to_backend(compiler: XlaNode.Compiler, node: xla()) == {Nx.BinaryBackend, []}
+  end
+
+  test "Nx.Serving's options reach the compiler and are taken: batch keys, partitions, hooks" do
+    batch = Nx.Batch.stack([Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])])
+
+    # A one-argument function gets the options with the serving's :batch_keys.
+    serving =
+      Nx.Serving.new(fn opts -> Nx.Defn.jit(&Nx.multiply(&1, 2), opts) end,
+        compiler: XlaNode.Compiler,
+        node: xla()
+      )
+
+    assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
+
+    # Partitioned, the compiler's __partitions_options__ gets them with :compiler; streaming
+    # hooks come as :hooks.
+    name = :"partitioned_serving_#{System.unique_integer([:positive])}"
+
+    hooked =
+      Nx.Serving.new(
+        fn opts -> Nx.Defn.jit(&hooked/1, opts) end,
+        compiler: XlaNode.Compiler,
+        node: xla()
+      )
+      |> Nx.Serving.streaming(hooks: [:doubled])
+
+    start_supervised!({Nx.Serving, serving: hooked, name: name, batch_size: 2, partitions: true})
+
+    events = name |> Nx.Serving.batched_run(batch) |> Enum.to_list()
+    assert {:doubled, doubled} = List.keyfind(events, :doubled, 0)
+    assert Nx.to_list(doubled) == [[2.0, 4.0], [6.0, 8.0]]
+    assert {:batch, result, _metadata} = List.keyfind(events, :batch, 0)
+    assert Nx.to_list(result) == [[3.0, 5.0], [7.0, 9.0]]
   end
 
   test "an op it cannot lower, or a missing node, raises at compile time" do

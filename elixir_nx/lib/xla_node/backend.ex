@@ -8,6 +8,8 @@ defmodule XlaNode.Backend do
   `Nx.backend_copy/2` and `Nx.backend_deallocate/1` work; any other Nx operation on it raises,
   saying to jit it or to transfer the tensor first. The buffer belongs to the process that
   made the call: the node frees it when that process exits (or with `Nx.backend_deallocate/1`).
+  `Nx.Serving` runs each batch in a task of its own, which exits once it has replied, so a
+  serving's results must not be kept on the device.
   """
 
   @behaviour Nx.Backend
@@ -24,8 +26,15 @@ defmodule XlaNode.Backend do
     init: 1
   ]
 
+  # Its tensors come from XlaNode.Compiler (keep_on_device: true), never from options.
   @impl true
-  def init(opts), do: opts
+  def init([]), do: []
+
+  def init(opts) do
+    raise ArgumentError,
+          "XlaNode.Backend takes no options (its tensors come from XlaNode.Compiler with " <>
+            "keep_on_device: true), got #{inspect(opts)}"
+  end
 
   @impl true
   def to_binary(%Nx.Tensor{} = t, limit) do

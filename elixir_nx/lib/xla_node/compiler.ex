@@ -7,15 +7,21 @@ defmodule XlaNode.Compiler do
   The expression is lowered to StableHLO in Elixir (see `XlaNode.Compiler.Lower`), compiled on
   the node and run there; the caller's node needs no NIF, no XLA and no C compiler. Compiled
   programs are kept per (function, argument templates, node) by `XlaNode.Compiler.Cache`: a
-  second call with the same shapes lowers and compiles nothing, new shapes compile anew. `Nx.runtime_call/4` callbacks and hooks (`print_value`,
-  `hook/3`) run on the caller's node, in a callback server started for each call, while the
-  program runs on the compute node.
+  second call with the same shapes lowers and compiles nothing, new shapes compile anew.
+  `Nx.runtime_call/4` callbacks and hooks (`print_value`, `hook/3`) run on the caller's node, in
+  a callback server started for each call, while the program runs on the compute node.
+
+  The expression never leaves the process that traced it: the cache holds the executable, the
+  output templates and the callbacks, and the function `Nx.Defn.compile/3` returns captures no
+  more, so that it runs as cheaply in any process (`Nx.Serving` runs it in its own). An
+  expression graph shares its nodes many times over, and a copy between processes or into ETS
+  does not keep that sharing.
 
   ## Options
 
     * `:node` - the compute node (required)
-    * `:callback_timeout` - how long the node waits for each callback, in milliseconds
-      (default: the node's `--callback-timeout`)
+    * `:callback_timeout` - how long the node waits for each callback, in milliseconds or
+      `:infinity` (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
       program; `:split`: the program is cut at each of them, the pieces run on the node with
       their results kept there, and the callbacks run on this node between them (see
@@ -24,19 +30,28 @@ defmodule XlaNode.Compiler do
     * `:keep_on_device` - return tensors whose data stays on the node (see `XlaNode.Backend`),
       to pass into the next call without moving them (default `false`)
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
-    * `:timeout` - how long to wait for the run's result (default `:infinity`)
+    * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
+      many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
+    * `:timeout` - how long to wait for the run's result, in milliseconds or `:infinity`
+      (default `:infinity`)
+
+  Any other option raises `ArgumentError`, naming the valid ones, except those Nx itself passes
+  through to a compiler (see `XlaNode.Compiler.Options`).
   """
 
   @behaviour Nx.Defn.Compiler
 
-  alias Nx.Defn.Composite
-  alias XlaNode.Compiler.{Cache, Lower}
+  alias Nx.Defn.{Composite, Expr}
+  alias XlaNode.Compiler.{Cache, Lower, Options}
 
   @impl true
-  def __partitions_options__(opts), do: [opts]
+  def __partitions_options__(opts), do: [Options.validate!(opts)]
 
   @impl true
-  def __to_backend__(_opts), do: {Nx.BinaryBackend, []}
+  def __to_backend__(opts) do
+    Options.validate!(opts)
+    {Nx.BinaryBackend, []}
+  end
 
   @impl true
   def __jit__(key, vars, fun, args_list, opts) do
@@ -45,20 +60,16 @@ defmodule XlaNode.Compiler do
 
   @impl true
   def __compile__(key, vars, fun, opts) do
+    opts = Options.validate!(opts)
     node = node!(opts)
-
     info = Cache.node_info(node)
 
     case Keyword.get_lazy(opts, :callbacks, fn -> default_callbacks(info) end) do
       :inside ->
-        compile_inside(key, vars, fun, opts, node, info)
+        program({cache_key(key), templates(vars), node}, vars, fun, opts, info)
 
       :split ->
-        XlaNode.Compiler.Split.compile(key, vars, fun, opts)
-
-      other ->
-        raise ArgumentError,
-              "XlaNode.Compiler: :callbacks must be :inside or :split, got #{inspect(other)}"
+        XlaNode.Compiler.Split.compile(cache_key(key), vars, fun, opts, info)
     end
   end
 
@@ -67,20 +78,18 @@ defmodule XlaNode.Compiler do
   defp default_callbacks(%{host_callbacks: true}), do: :inside
   defp default_callbacks(_info), do: :split
 
-  defp compile_inside(key, vars, fun, opts, node, info) do
-    templates =
-      vars
-      |> Composite.flatten_list()
-      |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
-
-    # Split stages are compiled from fresh closures every call: they bring a stable key.
-    cache_key = {Keyword.get(opts, :stage_key, key), templates, node}
-
+  @doc false
+  # The program for `fun` on `opts[:node]`, from the cache under `cache_key` (whose last
+  # element is the node) or lowered and compiled now, as the function Nx calls with the
+  # arguments. The expression `fun` returns stays in this process: what the cache keeps, and the
+  # returned function captures (Nx.Serving runs it in other processes), are templates, the
+  # executable and the callbacks' functions.
+  def program({_, _, node} = cache_key, vars, fun, opts, info) do
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
 
     hooks = Keyword.get(opts, :hooks, %{})
-    run_opts = Keyword.take(opts, [:callback_timeout, :keep_on_device])
+    run_opts = Keyword.take(opts, [:callback_timeout, :queue_timeout, :keep_on_device])
     timeout = Keyword.get(opts, :timeout, :infinity)
 
     fn [params] ->
@@ -89,6 +98,47 @@ defmodule XlaNode.Compiler do
       [from_client(results, outputs, node)]
     end
   end
+
+  @doc false
+  # What a program's cache key holds of its arguments: one {type, shape, names, vectorized
+  # axes} per tensor.
+  def templates(vars) do
+    vars
+    |> Composite.flatten_list()
+    |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
+  end
+
+  @doc false
+  # The function Nx traced, as the cache's key. A closure is compared with the values it
+  # captured, which go into ETS with the key, except for defn expressions (the stages of
+  # `Nx.Defn.Graph.run/3` capture theirs): an expression graph shares its nodes, which neither
+  # hashing nor copying a term preserves, so each goes as its id, which names it.
+  def cache_key(fun) when is_function(fun) do
+    case Function.info(fun, :env) do
+      {:env, []} ->
+        fun
+
+      {:env, env} ->
+        info = Function.info(fun)
+        {:closure, info[:module], info[:new_uniq], info[:new_index], Enum.map(env, &key_term/1)}
+    end
+  end
+
+  defp key_term(%Nx.Tensor{data: %Expr{id: id}}), do: {Expr, id}
+  defp key_term(%Nx.Tensor{} = tensor), do: tensor
+  defp key_term(fun) when is_function(fun), do: cache_key(fun)
+  defp key_term(list) when is_list(list), do: key_list(list)
+
+  defp key_term(tuple) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> key_list() |> List.to_tuple()
+
+  defp key_term(map) when is_map(map), do: :maps.map(fn _key, value -> key_term(value) end, map)
+  defp key_term(other), do: other
+
+  # Improper lists too.
+  defp key_list([head | tail]), do: [key_term(head) | key_list(tail)]
+  defp key_list([]), do: []
+  defp key_list(tail), do: key_term(tail)
 
   defp compile!(cache_key, node, info, vars, fun) do
     {outputs, output_templates} = outputs(vars, fun)
@@ -110,18 +160,16 @@ defmodule XlaNode.Compiler do
 
   defp node!(opts) do
     case Keyword.fetch(opts, :node) do
-      {:ok, node} when is_atom(node) and node != nil ->
+      {:ok, node} ->
         node
-
-      {:ok, other} ->
-        raise ArgumentError,
-              "XlaNode.Compiler: :node must be a node name (an atom), got #{inspect(other)}"
 
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
     end
   end
 
+  # The traced expression, devectorized for lowering, and the templates of the result: its
+  # structure with each tensor's template, then each devectorized output's template.
   defp outputs(vars, fun) do
     output = fun.(vars)
 
@@ -131,7 +179,7 @@ defmodule XlaNode.Compiler do
         {t, [Nx.to_template(t) | acc]}
       end)
 
-    {devectorized, {output, Enum.reverse(templates)}}
+    {devectorized, {Composite.traverse(output, &Nx.to_template/1), Enum.reverse(templates)}}
   end
 
   defp run(node, exe, args, callbacks, hooks, run_opts, timeout) do
@@ -163,7 +211,7 @@ defmodule XlaNode.Compiler do
   end
 
   # Results come as tensors, or as buffers with keep_on_device: true.
-  defp from_client(results, {output, templates}, node) do
+  defp from_client(results, {structure, templates}, node) do
     tensors =
       Enum.zip_with(results, templates, fn
         {bin, _}, template ->
@@ -176,7 +224,7 @@ defmodule XlaNode.Compiler do
       end)
 
     {result, []} =
-      Composite.traverse(output, tensors, fn %Nx.Tensor{} = out, [t | rest] ->
+      Composite.traverse(structure, tensors, fn %Nx.Tensor{} = out, [t | rest] ->
         t = if out.vectorized_axes == [], do: t, else: Nx.vectorize(t, out.vectorized_axes)
         {t, rest}
       end)

@@ -10,26 +10,60 @@ defmodule XlaNode.Compiler.Split do
   inputs read back from the node. The results are the same as with callbacks inside the
   program; this is the default on platforms that cannot run host callbacks. `Nx.Defn.Graph`
   does not cut inside a `while` or `cond`: a callback there stays in the node's program.
+
+  Every stage is compiled when the function is, and the function returned holds only what runs
+  them: executables, templates, and the stages that call back, each a `runtime_call` or hook on
+  its parameters. The expression itself stays in the process that traced it (`Nx.Serving`, for
+  one, runs the function in other processes, and a copy does not keep an expression graph's
+  sharing).
   """
 
   alias Nx.Defn.{Composite, Expr, Graph}
   alias Nx.Tensor, as: T
+  alias XlaNode.Compiler
 
-  @doc "Returns the function `XlaNode.Compiler.__compile__/4` returns, for `:split` mode."
-  def compile(key, vars, fun, opts) do
+  @doc """
+  Returns the function `XlaNode.Compiler.__compile__/4` returns, for `:split` mode; `key` is
+  the traced function's cache key (`XlaNode.Compiler.cache_key/1`).
+  """
+  def compile(key, vars, fun, opts, info) do
     output = fun.(vars)
-    output_expr = [output] |> Composite.flatten_list() |> List.to_tuple()
-    chain = Graph.split(output_expr, &cut/1)
-    # Node stages have no callbacks left to cut, except inside a while or cond.
+    structure = Composite.traverse(output, &Nx.to_template/1)
+    chain = [output] |> Composite.flatten_list() |> List.to_tuple() |> Graph.split(&cut/1)
+
+    # Node stages have no callbacks left to cut, except inside a while or cond. They are
+    # compiled under a key of their own, stable from call to call, so that each is compiled
+    # once: the function, its arguments' templates, and the stage's place in the chain.
     node_opts = opts |> Keyword.put(:callbacks, :inside) |> Keyword.put(:keep_on_device, true)
+    split_key = {:split, key, Compiler.templates(vars)}
+
+    scope =
+      vars
+      |> Composite.flatten_list()
+      |> Enum.with_index(fn t, i -> {{nil, i}, Nx.to_template(t)} end)
+      |> Map.new()
+
+    {stages, _scope} =
+      chain
+      |> Enum.with_index()
+      |> Enum.map_reduce(scope, fn {stage, index}, scope ->
+        sources = Enum.map(stage.arguments, & &1.source)
+        inputs = List.to_tuple(Enum.map(sources, &Map.fetch!(scope, &1)))
+        run = stage_runner(stage.expr, inputs, {split_key, index}, node_opts, info)
+
+        scope =
+          stage.expr
+          |> Tuple.to_list()
+          |> Enum.with_index(fn t, i -> {{stage.id, i}, Nx.to_template(t)} end)
+          |> Enum.into(scope)
+
+        {{stage.id, sources, run}, scope}
+      end)
 
     fn [params] ->
-      args = Enum.map(params, & &1.())
-
-      results =
-        chain |> run(args, key, node_opts) |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1)
-
-      {result, []} = Composite.traverse(output, results, fn _, [t | rest] -> {t, rest} end)
+      scope = params |> Enum.with_index(fn param, i -> {{nil, i}, param.()} end) |> Map.new()
+      results = run(stages, scope) |> Enum.map(&Nx.backend_transfer/1)
+      {result, []} = Composite.traverse(structure, results, fn _, [t | rest] -> {t, rest} end)
       [result]
     end
   end
@@ -37,40 +71,58 @@ defmodule XlaNode.Compiler.Split do
   defp cut(%T{data: %Expr{op: op}}) when op in [:runtime_call, :hook], do: :both
   defp cut(_), do: :none
 
-  # As Nx.Defn.Graph.run/3, choosing where each stage runs. Node stages are compiled under a
-  # key of their own, stable from call to call, so that each is compiled once.
-  defp run(chain, args, key, node_opts) do
-    scope = args |> Enum.with_index(fn arg, i -> {{nil, i}, arg} end) |> Map.new()
-
-    {result, _} =
-      chain
-      |> Enum.with_index()
-      |> Enum.reduce({nil, scope}, fn {stage, index}, {_, scope} ->
-        inputs = stage.arguments |> Enum.map(&Map.fetch!(scope, &1.source)) |> List.to_tuple()
-        result = run_stage(stage.expr, inputs, {key, index}, node_opts)
-        outputs = if is_tuple(result), do: Tuple.to_list(result), else: [result]
-
-        scope =
-          outputs
-          |> Enum.with_index()
-          |> Enum.reduce(scope, fn {t, i}, acc -> Map.put(acc, {stage.id, i}, t) end)
-
-        {result, scope}
+  # As Nx.Defn.Graph.run/3, with each stage's runner chosen and compiled beforehand. Returns
+  # the last stage's outputs.
+  defp run(stages, scope) do
+    {outputs, _scope} =
+      Enum.reduce(stages, {[], scope}, fn {id, sources, run}, {_, scope} ->
+        inputs = sources |> Enum.map(&Map.fetch!(scope, &1)) |> List.to_tuple()
+        outputs = inputs |> run.() |> Tuple.to_list()
+        scope = outputs |> Enum.with_index(fn t, i -> {{id, i}, t} end) |> Enum.into(scope)
+        {outputs, scope}
       end)
 
-    if is_tuple(result), do: result, else: {result}
+    outputs
   end
 
-  defp run_stage(expr, inputs, stage_key, node_opts) do
+  # A stage the cut made for a callback runs on this node; any other on the compute node.
+  defp stage_runner(expr, inputs, stage_key, node_opts, info) do
     if calls_back?(expr) do
-      inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_transfer/1) |> List.to_tuple()
-      evaluator_opts = [compiler: Nx.Defn.Evaluator, hooks: Keyword.get(node_opts, :hooks, %{})]
-      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], evaluator_opts)
+      hooks = Keyword.get(node_opts, :hooks, %{})
+
+      compiled =
+        Nx.Defn.compile(fn _ -> expr end, [inputs], compiler: Nx.Defn.Evaluator, hooks: hooks)
+
+      fn inputs ->
+        inputs
+        |> Tuple.to_list()
+        |> Enum.map(&Nx.backend_transfer/1)
+        |> List.to_tuple()
+        |> compiled.()
+      end
     else
-      opts = [compiler: XlaNode.Compiler, stage_key: stage_key] ++ node_opts
-      Nx.Defn.jit_apply(fn _ -> expr end, [inputs], opts)
+      vars = [inputs]
+
+      program =
+        Compiler.program(
+          {stage_key, Compiler.templates(vars), node_opts[:node]},
+          vars,
+          fn _ -> expr end,
+          node_opts,
+          info
+        )
+
+      fn inputs ->
+        [outputs] = program.([inputs |> Tuple.to_list() |> Enum.map(&fn -> &1 end)])
+        outputs
+      end
     end
   end
 
-  defp calls_back?(expr), do: XlaNode.Compiler.Lower.has_op?(expr, [:runtime_call, :hook])
+  # The stages Graph.split made for a callback output its runtime_call or hook itself.
+  defp calls_back?(expr) do
+    expr
+    |> Tuple.to_list()
+    |> Enum.any?(fn %T{data: %Expr{op: op}} -> op in [:runtime_call, :hook] end)
+  end
 end
