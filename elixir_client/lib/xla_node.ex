@@ -19,6 +19,9 @@ defmodule XlaNode do
   `t:GenServer.server/0` term: a pid, `{name, node}`, `{:global, name}`, `{:via, mod, name}`.
   A local registered name must be given as `{name, node()}`, since a bare atom means a node.
 
+  `server` may also be an `XlaNode.Pool` (its name, an atom without `"@"`, or its pid): the
+  pool chooses a node for each call and re-sends a run elsewhere when its node goes down.
+
   ## Results and errors
 
   Functions return `{:ok, result}` or `{:error, %XlaNode.Error{}}` (`free/3` returns `:ok`,
@@ -60,11 +63,14 @@ defmodule XlaNode do
     timeout: :timeout
   ]
 
-  @typedoc "A node name (meaning `{:xla, node}`) or any `GenServer` server."
-  @type server :: node() | GenServer.server()
+  # What a run through an XlaNode.Pool takes besides.
+  @pool_run_options [node: :name, retry: :boolean, max_attempts: :pos_integer]
 
-  @typedoc "An executable returned by `compile/3`."
-  @type executable :: reference()
+  @typedoc "A node name (meaning `{:xla, node}`), any `GenServer` server, or an `XlaNode.Pool`."
+  @type server :: node() | GenServer.server() | XlaNode.Pool.t()
+
+  @typedoc "An executable returned by `compile/3` (from a pool: an `XlaNode.Pool.Executable`)."
+  @type executable :: reference() | XlaNode.Pool.Executable.t()
 
   @typedoc "A device buffer returned by `to_device/3` or `run/4` with `keep_on_device: true`."
   @type buffer :: reference()
@@ -145,7 +151,7 @@ defmodule XlaNode do
   @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
           {:ok, [tensor() | buffer()]} | error()
   def run(server, exe, args, opts \\ []) when is_list(args) do
-    opts = Options.validate!(opts, "XlaNode.run/4", @run_options)
+    opts = Options.validate!(opts, "XlaNode.run/4", run_options(server))
     {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
 
     node_opts =
@@ -342,9 +348,24 @@ defmodule XlaNode do
     |> Keyword.get(:timeout, @default_timeout)
   end
 
+  defp run_options(server) do
+    if match?({:pool, _}, XlaNode.Pool.route(server, nil)),
+      do: @run_options ++ @pool_run_options,
+      else: @run_options
+  end
+
   # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
-  # reply with a bare value (:ping, :free) come back as {:ok, value}.
+  # reply with a bare value (:ping, :free) come back as {:ok, value}. A pool serves the request
+  # itself (see XlaNode.Pool).
   defp call(server, request, timeout) do
+    case XlaNode.Pool.route(server, request) do
+      :node -> call_node(server, request, timeout)
+      {:pool, pool} -> XlaNode.Pool.request(pool, request, timeout)
+      {:error, _} = error -> error
+    end
+  end
+
+  defp call_node(server, request, timeout) do
     target = server(server)
 
     try do
