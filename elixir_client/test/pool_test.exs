@@ -60,6 +60,13 @@ defmodule XlaNode.PoolTest do
       pid = start_pool!(name: name, nodes: [])
       assert %{pool: ^name, nodes: []} = Pool.status(name)
       assert %{pool: ^name} = Pool.status(pid)
+      assert Pool.pool?(name) and Pool.pool?(pid)
+      refute Pool.pool?(:xla@host) or Pool.pool?(self()) or Pool.pool?(NoSuchPool)
+      assert Pool.nodes(name) == []
+      :ok = Pool.add_node(name, :xla_a@nowhere)
+      assert Pool.nodes(name) == [:xla_a@nowhere]
+      :ok = Pool.remove_node(name, :xla_a@nowhere)
+      assert Pool.nodes(name) == []
 
       :ok = stop_supervised(name)
       assert_raise Error, ~r/no pool named/, fn -> Pool.status(name) end

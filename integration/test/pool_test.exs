@@ -303,6 +303,12 @@ defmodule XlaNode.PoolTest do
     assert message =~ "freed"
     assert {:error, %Error{kind: :argument_error}} = XlaNode.free(pool, exe)
 
+    # node: chooses where compile/3 compiles it first.
+    last = List.last(names)
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(20), node: last)
+    assert [0, 0, 1] == Enum.map(Pool.status(pool).nodes, & &1.executables)
+    assert :ok = XlaNode.free(pool, exe)
+
     # Another pool over the same nodes does not take this pool's handles, nor do the nodes.
     other = :"other_#{System.unique_integer([:positive])}"
     start_supervised!({Pool, name: other, nodes: names}, id: other)

@@ -30,8 +30,8 @@ defmodule XlaNode.Pool do
   ## Programs
 
   A program compiled through a pool is an `XlaNode.Pool.Executable`: `compile/3` compiles it on
-  one node (so that a compile error comes back at once), and the pool compiles it on each other
-  node the first time a run goes there. Those executables belong to the pool process: they live
+  one node (so that a compile error comes back at once; `node: node` chooses which), and the
+  pool compiles it on each other node the first time a run goes there. Those executables belong to the pool process: they live
   as long as it does, or until `XlaNode.free/3` with the handle frees them on every node.
   Buffers are ordinary buffer references, owned by the process that made them, as with one
   node: `to_device/3` puts the tensor on a node the pool chooses, and `read/3` and `free/3` go to
@@ -163,6 +163,27 @@ defmodule XlaNode.Pool do
   """
   @spec status(t()) :: map()
   def status(pool), do: pool_call!(pool, :status)
+
+  @doc """
+  Whether `server` is a running pool (a name or a pid).
+
+      true = XlaNode.Pool.pool?(MyPool)
+      false = XlaNode.Pool.pool?(:"xla@host")
+  """
+  @spec pool?(term()) :: boolean()
+  def pool?(server), do: match?({:pool, _}, route(server, nil))
+
+  @doc """
+  The pool's nodes, up or not, in the order they were given. Raises `XlaNode.Error` (kind
+  `:noproc`) for an unknown pool.
+  """
+  @spec nodes(t()) :: [node()]
+  def nodes(pool) do
+    case route(pool, nil) do
+      {:pool, %{nodes: nodes}} -> nodes
+      _ -> raise unknown_pool(pool)
+    end
+  end
 
   @doc """
   Adds a node to the pool; it gets work once it answers `:info`. Adding a node the pool has is

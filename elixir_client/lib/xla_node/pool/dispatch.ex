@@ -119,7 +119,10 @@ defmodule XlaNode.Pool.Dispatch do
         else: plan.node_opts
 
     started = System.monotonic_time(:microsecond)
-    result = XlaNode.run(node, exe, plan.args, [timeout: remaining(plan.deadline)] ++ node_opts)
+    # {:xla, node} rather than the bare name: it cannot be taken for a pool's name.
+    result =
+      XlaNode.run({:xla, node}, exe, plan.args, [timeout: remaining(plan.deadline)] ++ node_opts)
+
     elapsed = System.monotonic_time(:microsecond) - started
     Table.end_run(ctx.tab, run)
     fired = relay != nil and Relay.close(relay)
@@ -223,10 +226,16 @@ defmodule XlaNode.Pool.Dispatch do
   end
 
   # Where the run must go: nil (anywhere), {node, :option}, or {node, {:buffer, index, ref}}.
-  defp pin(ctx, args, option) do
+  defp pin(ctx, args, nil) when is_list(args) do
+    if Enum.any?(args, &is_reference/1), do: pin_buffers(ctx, args, nil), else: {:ok, nil}
+  end
+
+  defp pin(ctx, args, option), do: pin_buffers(ctx, args, option)
+
+  defp pin_buffers(ctx, args, option) do
     buffers = for {arg, i} <- Enum.with_index(args), is_reference(arg), do: {node(arg), i, arg}
 
-    with :ok <- member(ctx, option, "node: #{inspect(option)}"),
+    with :ok <- member(ctx, option, fn -> "node: #{inspect(option)}" end),
          :ok <- buffers_members(ctx, buffers) do
       case {option, Enum.uniq_by(buffers, &elem(&1, 0))} do
         {nil, []} ->
@@ -251,19 +260,22 @@ defmodule XlaNode.Pool.Dispatch do
 
   defp buffers_members(ctx, buffers) do
     Enum.reduce_while(buffers, :ok, fn {node, i, ref}, :ok ->
-      case member(ctx, node, "argument #{i}, buffer #{inspect(ref)}, is on #{node}, which") do
+      case member(ctx, node, fn ->
+             "argument #{i}, buffer #{inspect(ref)}, is on #{node}, which"
+           end) do
         :ok -> {:cont, :ok}
         error -> {:halt, error}
       end
     end)
   end
 
+  # `what` makes the message's subject, only when there is an error.
   defp member(_ctx, nil, _what), do: :ok
 
   defp member(ctx, node, what) do
     if node in ctx.nodes,
       do: :ok,
-      else: {:error, argument_error("#{what} is not a node of the pool #{inspect(ctx.label)}")}
+      else: {:error, argument_error("#{what.()} is not a node of the pool #{inspect(ctx.label)}")}
   end
 
   # The program's executable on `node`: from the table, or compiled there by the pool.
@@ -298,6 +310,8 @@ defmodule XlaNode.Pool.Dispatch do
   end
 
   defp place(ctx, id, nil, tried) do
+    ctx = %{ctx | nodes: Table.nodes(ctx.tab, ctx.nodes)}
+
     candidates =
       for node <- ctx.nodes,
           node not in tried,
@@ -308,6 +322,9 @@ defmodule XlaNode.Pool.Dispatch do
     case candidates do
       [] ->
         {:error, none_up(ctx, tried)}
+
+      [{node, gen, _}] ->
+        {:ok, node, gen}
 
       _ ->
         {node, gen, _} = Enum.min_by(candidates, &elem(&1, 2))
@@ -351,14 +368,15 @@ defmodule XlaNode.Pool.Dispatch do
 
   ## Everything else
 
-  # Runs `fun.(node, timeout)` on a node the pool chooses, and again on another if the node goes
-  # down first (compile, to_device, info, ping: nothing outside sees them).
-  defp anywhere(ctx, deadline, fun, attempt \\ 1, tried \\ []) do
-    with {:ok, node, _gen} <- place(ctx, nil, nil, tried) do
+  # Runs `fun.(node, timeout)` on a node the pool chooses (or on `pin`, `{node, :option}`), and
+  # again on another if the node goes down first (compile, to_device, info, ping: nothing outside
+  # sees them).
+  defp anywhere(ctx, deadline, fun, pin \\ nil, attempt \\ 1, tried \\ []) do
+    with {:ok, node, _gen} <- place(ctx, nil, pin, tried) do
       case fun.(node, remaining(deadline)) do
         {:error, %Error{kind: kind}}
-        when kind in [:nodedown, :noproc] and attempt < ctx.max_attempts ->
-          anywhere(ctx, deadline, fun, attempt + 1, [node | tried])
+        when kind in [:nodedown, :noproc] and pin == nil and attempt < ctx.max_attempts ->
+          anywhere(ctx, deadline, fun, pin, attempt + 1, [node | tried])
 
         {:error, error} ->
           {:error, %{error | node: error.node || node}}
@@ -369,13 +387,19 @@ defmodule XlaNode.Pool.Dispatch do
     end
   end
 
+  # `node:` compiles it there first; other options go to the node.
   defp compile(ctx, mlir, opts, deadline) do
     mlir = IO.iodata_to_binary(mlir)
     effects = Effects.of(mlir)
+    {node, opts} = Keyword.pop(opts, :node)
 
-    anywhere(ctx, deadline, fn node, timeout ->
-      pool_call(ctx, {:compile, mlir, opts, effects, node}, timeout)
-    end)
+    with :ok <- member(ctx, node, fn -> "node: #{inspect(node)}" end) do
+      compile_on = fn node, timeout ->
+        pool_call(ctx, {:compile, mlir, opts, effects, node}, timeout)
+      end
+
+      anywhere(ctx, deadline, compile_on, node && {node, :option})
+    end
   end
 
   defp free_program(ctx, handle, deadline) do

@@ -77,6 +77,16 @@ defmodule XlaNode.Pool.Table do
     ArgumentError -> nil
   end
 
+  @doc "The pool's nodes now (nodes may be added while a run fails over)."
+  def nodes(tab, default) do
+    case :ets.lookup(tab, :meta) do
+      [{:meta, _, _, _, nodes, _}] -> nodes
+      [] -> default
+    end
+  rescue
+    ArgumentError -> default
+  end
+
   ## Nodes
 
   def put_node(tab, node),
