@@ -8,6 +8,8 @@ defmodule XlaNode.Backend do
   `Nx.backend_copy/2` and `Nx.backend_deallocate/1` work; any other Nx operation on it raises,
   saying to jit it or to transfer the tensor first. The buffer belongs to the process that
   made the call: the node frees it when that process exits (or with `Nx.backend_deallocate/1`).
+  `node` is what the call named: a node, or an `XlaNode.Pool`, which reads and frees the buffer
+  on the node holding it.
   """
 
   @behaviour Nx.Backend

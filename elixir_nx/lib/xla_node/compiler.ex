@@ -13,7 +13,10 @@ defmodule XlaNode.Compiler do
 
   ## Options
 
-    * `:node` - the compute node (required)
+    * `:node` - the compute node (required), or an `XlaNode.Pool` (its name or pid) that spreads
+      the runs over several nodes and re-sends a run elsewhere when its node goes down; with
+      `Nx.Serving`'s `partitions: true`, a pool gives one partition per node, so that batches
+      run on the nodes side by side
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds
       (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
@@ -32,8 +35,15 @@ defmodule XlaNode.Compiler do
   alias Nx.Defn.Composite
   alias XlaNode.Compiler.{Cache, Lower}
 
+  # One partition per node of a pool, so that a serving's batches run on the nodes side by side.
   @impl true
-  def __partitions_options__(opts), do: [opts]
+  def __partitions_options__(opts) do
+    node = Keyword.get(opts, :node)
+
+    if XlaNode.Pool.pool?(node),
+      do: List.duplicate(opts, max(length(XlaNode.Pool.nodes(node)), 1)),
+      else: [opts]
+  end
 
   @impl true
   def __to_backend__(_opts), do: {Nx.BinaryBackend, []}
@@ -74,7 +84,7 @@ defmodule XlaNode.Compiler do
       |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
 
     # Split stages are compiled from fresh closures every call: they bring a stable key.
-    cache_key = {Keyword.get(opts, :stage_key, key), templates, node}
+    cache_key = {Keyword.get(opts, :stage_key, key), templates, cache_node(node)}
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
@@ -113,13 +123,24 @@ defmodule XlaNode.Compiler do
       {:ok, node} when is_atom(node) and node != nil ->
         node
 
+      {:ok, pid} when is_pid(pid) ->
+        if XlaNode.Pool.pool?(pid),
+          do: pid,
+          else: raise(ArgumentError, "XlaNode.Compiler: #{inspect(pid)} is not an XlaNode.Pool")
+
       {:ok, other} ->
         raise ArgumentError,
-              "XlaNode.Compiler: :node must be a node name (an atom), got #{inspect(other)}"
+              "XlaNode.Compiler: :node must be a node name (an atom) or an XlaNode.Pool, " <>
+                "got #{inspect(other)}"
 
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
     end
+  end
+
+  # A pool's programs live as long as its process: a pool restarted under the same name has none.
+  defp cache_node(node) do
+    if XlaNode.Pool.pool?(node), do: {XlaNode.Pool, GenServer.whereis(node)}, else: node
   end
 
   defp outputs(vars, fun) do
