@@ -309,10 +309,12 @@ defmodule XlaNode.PoolTest do
     assert [0, 0, 1] == Enum.map(Pool.status(pool).nodes, & &1.executables)
     assert :ok = XlaNode.free(pool, exe)
 
-    # Another pool over the same nodes does not take this pool's handles, nor do the nodes.
+    # Another pool over the same nodes does not take this pool's handles, nor do the nodes. A
+    # pool just started takes calls at once: they wait for its nodes' first connection.
     other = :"other_#{System.unique_integer([:positive])}"
     start_supervised!({Pool, name: other, nodes: names}, id: other)
-    wait_until_up(other, names)
+    other_exe = XlaNode.compile!(other, PoolHelpers.busy_sum(10))
+    assert {:ok, _} = XlaNode.run(other, other_exe, [s64([1, 1, 1, 1])])
     exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
 
     assert {:error, %Error{kind: :argument_error, message: message}} =

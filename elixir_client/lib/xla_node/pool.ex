@@ -355,7 +355,9 @@ defmodule XlaNode.Pool do
       # id => %{mlir, opts}: what compiling a program on one more node needs
       programs: %{},
       # {id, node} => [from]: callers waiting for a compile on a node
-      pending: %{}
+      pending: %{},
+      # {from, node | nil}: callers waiting for a joining node (see :await_join)
+      waiters: []
     }
 
     {:ok, Enum.reduce(opts[:nodes], state, &connect(&2, &1))}
@@ -415,6 +417,14 @@ defmodule XlaNode.Pool do
 
   def handle_call(:status, _from, state), do: {:reply, status_map(state), state}
 
+  # A caller found no node up: it waits while a node that has never been up or down yet (its
+  # first connection, just started or added) may still come up.
+  def handle_call({:await_join, node}, from, state) do
+    if joining?(state, node),
+      do: {:noreply, %{state | waiters: [{from, node} | state.waiters]}},
+      else: {:reply, {:ok, :none}, state}
+  end
+
   def handle_call({:add_node, node}, _from, state) do
     if Map.has_key?(state.nodes, node) do
       {:reply, :ok, state}
@@ -442,7 +452,7 @@ defmodule XlaNode.Pool do
           |> Enum.reduce(state, fn {_id, exe}, s -> free_on(s, node, exe) end)
 
         Table.delete_node(state.tab, node)
-        {:reply, :ok, state}
+        {:reply, :ok, wake_waiters(state, node)}
     end
   end
 
@@ -532,13 +542,16 @@ defmodule XlaNode.Pool do
         platform = Map.get(info, :platform)
         Logger.info("XlaNode.Pool #{inspect(state.label)}: #{node} is up (#{platform})")
 
-        update_node(state, node, %{
+        state
+        |> update_node(node, %{
           status: :up,
           check: nil,
           backoff: nil,
           platform: platform,
-          last_error: nil
+          last_error: nil,
+          joined: true
         })
+        |> wake_waiters(node)
 
       {%{status: :checking}, {:reply, other}} ->
         down(state, node, ":info answered #{inspect(other, limit: 5)}")
@@ -647,14 +660,31 @@ defmodule XlaNode.Pool do
     backoff = if previous, do: min(previous * 2, max), else: first
     timer = Process.send_after(self(), {:reconnect, node}, backoff)
 
-    update_node(state, node, %{
+    state
+    |> update_node(node, %{
       status: :down,
       check: nil,
       backoff: max(backoff, 1),
       timer: timer,
-      last_error: why
+      last_error: why,
+      joined: true
     })
+    |> wake_waiters(node)
   end
+
+  # Callers waiting for a joining node learn that `node`'s first outcome (or any later) is in.
+  defp wake_waiters(state, node) do
+    {woken, waiting} = Enum.split_with(state.waiters, fn {_, n} -> n in [nil, node] end)
+    Enum.each(woken, fn {from, _} -> GenServer.reply(from, {:ok, :changed}) end)
+    %{state | waiters: waiting}
+  end
+
+  defp joining?(state, nil) do
+    not Enum.any?(state.nodes, fn {_, info} -> info.status == :up end) and
+      Enum.any?(state.nodes, fn {_, info} -> not info.joined end)
+  end
+
+  defp joining?(state, node), do: match?(%{joined: false}, state.nodes[node])
 
   defp update_node(state, node, changes) do
     base = %{
@@ -663,7 +693,9 @@ defmodule XlaNode.Pool do
       backoff: nil,
       timer: nil,
       platform: nil,
-      last_error: nil
+      last_error: nil,
+      # whether the node was ever up or down: until then callers may wait for it
+      joined: false
     }
 
     info = Map.merge(Map.get(state.nodes, node, base), changes)

@@ -83,7 +83,7 @@ defmodule XlaNode.Pool.Dispatch do
   end
 
   defp attempt_run(ctx, plan, attempt, tried) do
-    with {:ok, node, gen} <- place(ctx, plan.handle.id, plan.pin, tried) do
+    with {:ok, node, gen} <- place(ctx, plan.handle.id, plan.pin, tried, plan.deadline) do
       # In flight from here: a run waiting for its program to compile on the node counts, so
       # that the runs placed meanwhile do not all pile onto a node that has none in flight yet.
       watch_caller(ctx)
@@ -289,8 +289,22 @@ defmodule XlaNode.Pool.Dispatch do
   ## Placement
 
   # The node for the next attempt: the pinned one if up, else the up node not tried yet with the
-  # fewest runs in flight, then the lowest recent time of program `id` (nil: any program).
-  defp place(ctx, _id, {node, why}, _tried) do
+  # fewest runs in flight, then the lowest recent time of program `id` (nil: any program). With
+  # none, a node still joining the pool (a pool just started, a node just added) is waited for.
+  defp place(ctx, id, pin, tried, deadline) do
+    case choose(ctx, id, pin, tried) do
+      {:error, _} = error when tried == [] ->
+        case pool_call(ctx, {:await_join, pin && elem(pin, 0)}, remaining(deadline)) do
+          {:ok, :changed} -> place(ctx, id, pin, tried, deadline)
+          _ -> error
+        end
+
+      chosen ->
+        chosen
+    end
+  end
+
+  defp choose(ctx, _id, {node, why}, _tried) do
     case Table.load(ctx.tab, node) do
       {:up, gen, _} ->
         {:ok, node, gen}
@@ -309,7 +323,7 @@ defmodule XlaNode.Pool.Dispatch do
     end
   end
 
-  defp place(ctx, id, nil, tried) do
+  defp choose(ctx, id, nil, tried) do
     ctx = %{ctx | nodes: Table.nodes(ctx.tab, ctx.nodes)}
 
     candidates =
@@ -372,7 +386,7 @@ defmodule XlaNode.Pool.Dispatch do
   # again on another if the node goes down first (compile, to_device, info, ping: nothing outside
   # sees them).
   defp anywhere(ctx, deadline, fun, pin \\ nil, attempt \\ 1, tried \\ []) do
-    with {:ok, node, _gen} <- place(ctx, nil, pin, tried) do
+    with {:ok, node, _gen} <- place(ctx, nil, pin, tried, deadline) do
       case fun.(node, remaining(deadline)) do
         {:error, %Error{kind: kind}}
         when kind in [:nodedown, :noproc] and pin == nil and attempt < ctx.max_attempts ->
