@@ -420,9 +420,12 @@ defmodule XlaNode.Pool do
   # A caller found no node up: it waits while a node that has never been up or down yet (its
   # first connection, just started or added) may still come up.
   def handle_call({:await_join, node}, from, state) do
-    if joining?(state, node),
-      do: {:noreply, %{state | waiters: [{from, node} | state.waiters]}},
-      else: {:reply, {:ok, :none}, state}
+    cond do
+      # It came up since the caller looked.
+      up?(state, node) -> {:reply, {:ok, :changed}, state}
+      joining?(state, node) -> {:noreply, %{state | waiters: [{from, node} | state.waiters]}}
+      true -> {:reply, {:ok, :none}, state}
+    end
   end
 
   def handle_call({:add_node, node}, _from, state) do
@@ -679,10 +682,7 @@ defmodule XlaNode.Pool do
     %{state | waiters: waiting}
   end
 
-  defp joining?(state, nil) do
-    not Enum.any?(state.nodes, fn {_, info} -> info.status == :up end) and
-      Enum.any?(state.nodes, fn {_, info} -> not info.joined end)
-  end
+  defp joining?(state, nil), do: Enum.any?(state.nodes, fn {_, info} -> not info.joined end)
 
   defp joining?(state, node), do: match?(%{joined: false}, state.nodes[node])
 
@@ -705,6 +705,7 @@ defmodule XlaNode.Pool do
   defp cancel_timer(%{timer: timer}) when is_reference(timer), do: Process.cancel_timer(timer)
   defp cancel_timer(_info), do: :ok
 
+  defp up?(state, nil), do: Enum.any?(state.nodes, fn {_, info} -> info.status == :up end)
   defp up?(state, node), do: match?(%{status: :up}, state.nodes[node])
 
   defp generation(state, node) do
