@@ -347,6 +347,15 @@ defmodule XlaNode.PoolTest do
       assert Tensor.to_list(y) == [2 * i + 1.0, 1.0, 1.0, 1.0]
     end
 
+    # A caller killed while its run waits: the pool no longer counts the run in flight.
+    {:ok, stuck} =
+      XlaNode.CallbackServer.start_link(%{double: fn _ -> Process.sleep(:infinity) end})
+
+    caller = spawn(fn -> XlaNode.run(pool, exe, [f32([1, 1, 1, 1])], callback_server: stuck) end)
+    assert Harness.eventually(fn -> Pool.status(pool).in_flight == 1 end)
+    Process.exit(caller, :kill)
+    assert Harness.eventually(fn -> Pool.status(pool).in_flight == 0 end)
+
     assert {:error, %Error{kind: :compile_error}} = XlaNode.compile(pool, "not MLIR")
 
     busy = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
