@@ -87,6 +87,8 @@ defmodule XlaNode do
 
     * `:timeout` - how long to wait for the executable, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:node` - only with an `XlaNode.Pool`: the node to compile it on first (default: the one
+      the pool would send a run to)
 
   ## Examples
 
@@ -103,8 +105,18 @@ defmodule XlaNode do
   """
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
-    opts = Options.validate!(opts, "XlaNode.compile/3", timeout: :timeout)
-    call(server, {:compile, IO.iodata_to_binary(mlir)}, Keyword.get(opts, :timeout, :infinity))
+    spec =
+      if XlaNode.Pool.pool?(server),
+        do: [timeout: :timeout, node: :name],
+        else: [timeout: :timeout]
+
+    {timeout, opts} =
+      opts |> Options.validate!("XlaNode.compile/3", spec) |> Keyword.pop(:timeout)
+
+    mlir = IO.iodata_to_binary(mlir)
+    # A pool's node: chooses where it compiles first.
+    request = if opts == [], do: {:compile, mlir}, else: {:compile, mlir, opts}
+    call(server, request, timeout || :infinity)
   end
 
   @doc """
@@ -137,6 +149,14 @@ defmodule XlaNode do
       `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
     * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
       `:infinity`)
+
+  With an `XlaNode.Pool` (see its documentation), also:
+
+    * `:node` - run it on this node of the pool, and nowhere else
+    * `:retry` - `false`: never re-send the run to another node when its node goes down
+      (default `true`)
+    * `:max_attempts` - how many nodes may try the run, the first included (default: the pool's
+      `:max_attempts`)
 
   ## Examples
 
@@ -349,9 +369,7 @@ defmodule XlaNode do
   end
 
   defp run_options(server) do
-    if match?({:pool, _}, XlaNode.Pool.route(server, nil)),
-      do: @run_options ++ @pool_run_options,
-      else: @run_options
+    if XlaNode.Pool.pool?(server), do: @run_options ++ @pool_run_options, else: @run_options
   end
 
   # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
