@@ -5,6 +5,7 @@
 #   bench/run.sh node       # only: tiny call latency, 16 MiB echo
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient (XlaNode.Compiler) against jax.jit
+#   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
 # parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
 # NX_PATH points at a local Nx checkout (with COMPLEX_PATH, TELEMETRY_PATH, and Elixir >= 1.17 on
@@ -29,8 +30,14 @@ target/release/xla_node --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2
 node_pid=$!
 trap 'kill $node_pid 2>/dev/null || true' EXIT
 for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $name " && break; sleep 0.1; done
-if [ "$part" != nx ]; then
+if [ "$part" != nx ] && [ "$part" != pool ]; then
     elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$part"
+fi
+if [ "$part" = all ] || [ "$part" = pool ]; then
+    # The pool part starts, kills and restarts nodes of its own; it runs in the client's Mix
+    # project, for XlaNode.Pool.
+    (cd elixir_client && elixir --sname "bench_pool_$$" --cookie "$cookie" -S mix run ../bench/pool.exs \
+        "$PWD/../target/release/xla_node" "$cookie" </dev/null)
 fi
 if [ "$part" = all ] || [ "$part" = nx ]; then
     # The defn part runs in elixir_nx's Mix project, which needs Nx, hence Elixir >= 1.17.

@@ -10,6 +10,8 @@ defmodule XlaNode.Backend do
   made the call: the node frees it when that process exits (or with `Nx.backend_deallocate/1`).
   `Nx.Serving` runs each batch in a task of its own, which exits once it has replied, so a
   serving's results must not be kept on the device.
+  `node` is what the call named: a node, or an `XlaNode.Pool`, which reads and frees the buffer
+  on the node holding it.
   """
 
   @behaviour Nx.Backend
