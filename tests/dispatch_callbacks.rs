@@ -178,6 +178,8 @@ fn env() -> &'static Env {
                 port_max: 0,
                 net_ticktime: Duration::from_secs(60),
                 busy_wait: Duration::from_micros(200),
+                tls: None,
+                max_message_bytes: xla_node::node::frame::DEFAULT_MAX_MESSAGE_SIZE,
             }))
             .expect("start node");
         let client = Client::from_plugin(plugin()).expect("load the PJRT plugin");

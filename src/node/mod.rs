@@ -5,7 +5,9 @@
 //! the cluster only through [`Process`] / [`Node`] methods: send, monitor, make_ref, register.
 //!
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
-//! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
+//! per-node table, dialling and accepting), `stream` (plain TCP or TLS), `tls` (TLS distribution
+//! settings from OTP's option file, read by `consult`), `connection` (framing, batching writer,
+//! ticks, the message size limit),
 //! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
 //! (control messages), `signals` (what incoming control messages do to local processes),
 //! `process_table` (live processes, registered names, monitors and links), `process` (the
@@ -15,6 +17,7 @@
 
 pub mod busy_wait;
 pub mod connection;
+pub mod consult;
 pub mod control;
 pub mod cookie;
 pub mod epmd;
@@ -30,7 +33,9 @@ pub mod process;
 pub mod process_table;
 pub mod reassembly;
 pub mod signals;
+pub mod stream;
 pub mod term;
+pub mod tls;
 
 use control::ControlMessage;
 use eetf::{Atom, Pid, Reference, Term};
@@ -61,6 +66,11 @@ pub struct NodeConfig {
     /// How long a CPU stays busy after each message received or sent (see [`busy_wait`]);
     /// zero: never.
     pub busy_wait: Duration,
+    /// TLS distribution (`inet_tls`) for every connection, accepted and dialled; `None`: plain
+    /// TCP (`inet_tcp`).
+    pub tls: Option<Arc<tls::TlsDist>>,
+    /// Largest message a peer may send (fragments added up); a peer sending more is disconnected.
+    pub max_message_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +115,8 @@ pub(crate) struct NodeInner {
     registration: Mutex<Option<epmd::Registration>>,
     listener: Mutex<Option<TcpListener>>,
     busy_wait: busy_wait::BusyWait,
+    tls: Option<Arc<tls::TlsDist>>,
+    max_message_bytes: usize,
 }
 
 impl Node {
@@ -160,6 +172,8 @@ impl Node {
                 registration: Mutex::new(Some(registration)),
                 listener: Mutex::new(None),
                 busy_wait,
+                tls: config.tls.clone(),
+                max_message_bytes: config.max_message_bytes,
             }),
         };
         *node
@@ -215,6 +229,14 @@ impl Node {
 
     pub(crate) fn net_ticktime(&self) -> Duration {
         self.inner.net_ticktime
+    }
+
+    pub(crate) fn tls(&self) -> Option<&tls::TlsDist> {
+        self.inner.tls.as_deref()
+    }
+
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes
     }
 
     pub(crate) fn next_sequence(&self) -> u64 {

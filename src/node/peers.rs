@@ -8,12 +8,17 @@
 //!   greater: their connection takes our slot, our dial then gets `nok`) or `nok` (ours wins);
 //! - they connect while we hold an established connection: we answer `alive`; if they insist
 //!   (`strue`), the old connection is closed first.
+//!
+//! With TLS distribution, both directions speak TLS from the first byte: a dialled connection's
+//! TLS handshake comes before the distribution handshake, inside the same setup time, and so does
+//! an accepted one's. A peer that fails it is refused with one log line naming its address.
 
 use super::connection;
 use super::control::ControlMessage;
 use super::epmd;
 use super::handshake::{self, HandshakeError, PeerInfo, Status};
 use super::outbox::{Outbox, Outgoing};
+use super::stream::DistStream;
 use super::Node;
 use eetf::{Pid, Term};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,10 +107,19 @@ pub fn peer_for(node: &Node, name: &str) -> Arc<Peer> {
 async fn dial(node: Node, peer: Arc<Peer>) {
     let attempt = async {
         let addr = epmd::lookup(&peer.name).await.map_err(|e| e.to_string())?;
-        let mut stream = TcpStream::connect(addr)
+        let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
-        stream.set_nodelay(true).ok();
+        tcp.set_nodelay(true).ok();
+        let mut stream = match node.tls() {
+            None => DistStream::Tcp(tcp),
+            Some(tls) => {
+                let host = peer.name.split_once('@').map_or("", |(_, host)| host);
+                tls.connect(tcp, host)
+                    .await
+                    .map_err(|e| format!("{addr}: {e}"))?
+            }
+        };
         let info = handshake::client(&mut stream, node.identity(), &peer.name)
             .await
             .map_err(|e| e.to_string())?;
@@ -128,7 +142,7 @@ async fn dial(node: Node, peer: Arc<Peer>) {
 }
 
 /// Runs an established connection in `peer`'s slot until it ends, then cleans up.
-async fn attach(node: Node, peer: Arc<Peer>, stream: TcpStream, info: PeerInfo) {
+async fn attach(node: Node, peer: Arc<Peer>, stream: DistStream, info: PeerInfo) {
     let Some(queue) = peer.take_queue() else {
         return; // another connection to this node won; dropping the stream closes ours
     };
@@ -181,14 +195,26 @@ pub async fn accept_loop(node: Node, listener: TcpListener) {
     }
 }
 
-async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
-    stream.set_nodelay(true).ok();
-    let info =
-        match tokio::time::timeout(SETUP_TIME, handshake::server_recv_name(&mut stream)).await {
-            Ok(Ok(info)) => info,
-            Ok(Err(e)) => return tracing::warn!(%addr, "handshake aborted: {e}"),
-            Err(_) => return tracing::warn!(%addr, "handshake timed out"),
+async fn accept(node: Node, tcp: TcpStream, addr: std::net::SocketAddr) {
+    tcp.set_nodelay(true).ok();
+    let receive_name = async {
+        let mut stream = match node.tls() {
+            Some(tls) => tls.accept(tcp).await?,
+            None => {
+                refuse_tls_on_plain(&tcp).await?;
+                DistStream::Tcp(tcp)
+            }
         };
+        let info = handshake::server_recv_name(&mut stream)
+            .await
+            .map_err(|e| format!("handshake aborted: {e}"))?;
+        Ok::<_, String>((stream, info))
+    };
+    let (mut stream, info) = match tokio::time::timeout(SETUP_TIME, receive_name).await {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(e)) => return tracing::warn!(%addr, "connection refused: {e}"),
+        Err(_) => return tracing::warn!(%addr, "handshake timed out"),
+    };
     if info.name == node.name() {
         return tracing::warn!(%addr, "peer claims our own name {}", info.name);
     }
@@ -249,6 +275,21 @@ async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
             attach(node, peer, stream, info).await
         }
         _ => {}
+    }
+}
+
+/// On a plain-TCP node, a peer whose first byte opens a TLS handshake record is told apart from
+/// a broken one (without this it would wait out the setup time on a length it misread).
+async fn refuse_tls_on_plain(tcp: &TcpStream) -> Result<(), String> {
+    const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await {
+        Ok(1) if first[0] == TLS_HANDSHAKE_RECORD => Err(
+            "the peer speaks TLS (inet_tls) and this node plain TCP (start it with --proto-dist \
+             inet_tls)"
+                .to_string(),
+        ),
+        _ => Ok(()),
     }
 }
 
