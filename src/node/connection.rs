@@ -224,7 +224,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
 fn too_large(peer: &str, limit: usize) -> String {
     tracing::warn!(
         %peer,
-        "message larger than --max-message-bytes ({limit} bytes); disconnecting the peer"
+        "message larger than --max-message-bytes ({limit} bytes); dropping the connection"
     );
     format!("message larger than --max-message-bytes ({limit} bytes)")
 }
