@@ -7,7 +7,7 @@ defmodule XlaNode.MessageLimitTest do
   use ExUnit.Case, async: true
   import Bitwise
 
-  alias XlaNode.Harness
+  alias XlaNode.{Harness, Load}
   alias XlaNode.Harness.RawDist
 
   @limit 1024 * 1024
@@ -16,18 +16,8 @@ defmodule XlaNode.MessageLimitTest do
   setup do
     node = Harness.start_node(args: ["--max-message-bytes", "1M"])
     Harness.connect!(node)
-    {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, add_one()})
+    {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, Load.plus_one_program()})
     %{node: node, exe: exe}
-  end
-
-  defp add_one do
-    """
-    func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-      %one = stablehlo.constant dense<1.0> : tensor<4xf32>
-      %y = stablehlo.add %x, %one : tensor<4xf32>
-      return %y : tensor<4xf32>
-    }
-    """
   end
 
   # Runs x + 1 over and over from the runner until told to stop; returns {ok, failed}.
@@ -40,8 +30,8 @@ defmodule XlaNode.MessageLimitTest do
       :stop -> {ok, failed}
     after
       0 ->
-        {bin, _} = x = XlaNode.Load.f32(ok, 4)
-        expected = XlaNode.Load.plus_one(bin)
+        {bin, _} = x = Load.f32(ok, 4)
+        expected = Load.plus_one(bin)
 
         case GenServer.call({:xla, node.name}, {:run, exe, [x]}, 10_000) do
           {:ok, [{^expected, _}]} -> run_loop(node, exe, ok + 1, failed)

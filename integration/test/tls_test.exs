@@ -53,20 +53,10 @@ defmodule XlaNode.TlsTest do
   defp xla(peer, node, request),
     do: on(peer, PeerHelpers, :call, [{:xla, node.name}, request, 20_000])
 
-  defp add_one do
-    """
-    func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-      %one = stablehlo.constant dense<1.0> : tensor<4xf32>
-      %y = stablehlo.add %x, %one : tensor<4xf32>
-      return %y : tensor<4xf32>
-    }
-    """
-  end
-
   # Runs x + 1 from `peer` for `ms` milliseconds: Load's summary (ok, failed, failures).
   defp keep_running(peer, node, ms) do
     Task.async(fn ->
-      on(peer, PeerHelpers, :keep_running, [node.name, add_one(), 2, ms], ms + 60_000)
+      on(peer, PeerHelpers, :keep_running, [node.name, 2, ms], ms + 60_000)
     end)
   end
 
@@ -79,7 +69,7 @@ defmodule XlaNode.TlsTest do
       expected = Load.plus_one(bin)
 
       assert {:ok, [{^expected, {{:f, 32}, [4]}}]} =
-               on(p, PeerHelpers, :compile_and_run, [node.name, add_one(), [x]])
+               on(p, PeerHelpers, :compile_and_run, [node.name, Load.plus_one_program(), [x]])
     end
 
     {:ok, %{peers: peers}} = xla(a, node, :info) |> elem(1)

@@ -416,22 +416,24 @@ fn client_config(
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions(options))
         .map_err(|e| e.to_string())?;
-    let verifier: Arc<dyn ServerCertVerifier> = match options.verify.unwrap_or(Verify::Peer) {
-        Verify::None => Arc::new(AnyServerCert(provider.clone())),
+    let chain = match options.verify.unwrap_or(Verify::Peer) {
+        Verify::None => None,
         Verify::Peer => {
             let roots = load_roots(
                 options,
                 "verify_peer (the client's default; {verify, verify_none} turns it off)",
             )?;
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
                 .map_err(|e| e.to_string())?;
-            match options.server_name {
-                Some(ClientServerName::Disabled) => Arc::new(AnyServerName(webpki)),
-                _ => webpki,
-            }
+            Some(verifier)
         }
     };
+    let verifier = Arc::new(ServerCertPolicy {
+        provider: provider.clone(),
+        chain,
+        check_name: options.server_name != Some(ClientServerName::Disabled),
+    });
     let builder = builder
         .dangerous()
         .with_custom_certificate_verifier(verifier);
@@ -445,63 +447,19 @@ fn client_config(
     Ok(config)
 }
 
-/// `verify_none` on the client: any server certificate is accepted (the handshake's signatures
-/// are still checked, so the session is with the holder of that certificate's key).
+/// How a client checks the server's certificate, as the option file says: `verify_none` (no
+/// check: any certificate), `verify_peer` (the chain, and the host name unless
+/// `{server_name_indication, disable}`). The handshake's signatures are checked in every case, so
+/// the session is with the holder of the certificate's key.
 #[derive(Debug)]
-struct AnyServerCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct ServerCertPolicy {
+    provider: Arc<CryptoProvider>,
+    /// The chain's verifier; `None` for `verify_none`.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_name: bool,
 }
 
-/// `{server_name_indication, disable}` with `verify_peer`: the chain is verified, the host name
-/// is not (as OTP does). The name is checked after the chain, so a name error means the chain
-/// was good.
-#[derive(Debug)]
-struct AnyServerName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyServerName {
+impl ServerCertVerifier for ServerCertPolicy {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -510,13 +468,14 @@ impl ServerCertVerifier for AnyServerName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // The name is checked after the chain: a name error means the chain was good.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.check_name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -527,7 +486,8 @@ impl ServerCertVerifier for AnyServerName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -536,11 +496,14 @@ impl ServerCertVerifier for AnyServerName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -686,6 +649,26 @@ mod tests {
         }
     }
 
+    /// A CA, a node certificate of it for `node.example`, and the TLS side of that node.
+    fn cluster(tag: &str) -> (Pki, Ca, Identity, TlsDist) {
+        let pki = Pki::new(tag);
+        let ca = pki.ca("ca");
+        let node = pki.node("node", &ca, "node.example");
+        let dist = TlsDist::from_optfile(&pki.optfile("dist.conf", &node, &ca, "")).unwrap();
+        (pki, ca, node, dist)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn assert_connects(server: &TlsDist, client: &TlsDist, peer_host: &str) {
+        assert_eq!(exchange(server, client, peer_host), (Ok(()), Ok(())));
+    }
+
     /// Connects `client` to `server` over loopback as a dial of a node on `peer_host`, and
     /// exchanges a few bytes each way. Returns each side's handshake error, if any.
     fn exchange(
@@ -694,11 +677,7 @@ mod tests {
         peer_host: &str,
     ) -> (Result<(), String>, Result<(), String>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        runtime().block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let accepting = async {
@@ -739,11 +718,8 @@ mod tests {
 
     #[test]
     fn peers_verified_both_ways_and_by_host_name() {
-        let pki = Pki::new("verify");
-        let ca = pki.ca("ca");
-        let node = pki.node("node", &ca, "node.example");
-        let dist = TlsDist::from_optfile(&pki.optfile("dist.conf", &node, &ca, "")).unwrap();
-        assert_eq!(exchange(&dist, &dist, "node.example"), (Ok(()), Ok(())));
+        let (pki, ca, node, dist) = cluster("verify");
+        assert_connects(&dist, &dist, "node.example");
 
         // The certificate does not name the host dialled: refused, unless the file says which
         // name to expect or turns the check off.
@@ -757,21 +733,15 @@ mod tests {
         ] {
             let client =
                 TlsDist::from_optfile(&pki.optfile("sni.conf", &node, &ca, extra)).unwrap();
-            assert_eq!(
-                exchange(&dist, &client, "elsewhere.example"),
-                (Ok(()), Ok(()))
-            );
+            assert_connects(&dist, &client, "elsewhere.example");
         }
     }
 
     #[test]
     fn certificates_from_another_ca_are_refused() {
-        let pki = Pki::new("other_ca");
-        let ca = pki.ca("ca");
-        let node = pki.node("node", &ca, "node.example");
+        let (pki, ca, node, dist) = cluster("other_ca");
         let other_ca = pki.ca("other_ca");
         let rogue = pki.node("rogue", &other_ca, "node.example");
-        let dist = TlsDist::from_optfile(&pki.optfile("dist.conf", &node, &ca, "")).unwrap();
         // Trusts our CA, presents a certificate from another one.
         let rogue = TlsDist::from_optfile(&pki.optfile("rogue.conf", &rogue, &ca, "")).unwrap();
 
@@ -784,31 +754,17 @@ mod tests {
         let trusting =
             TlsDist::from_optfile(&pki.optfile("none.conf", &node, &ca, ", {verify, verify_none}"))
                 .unwrap();
-        let server = TlsDist::from_optfile(&pki.optfile(
-            "rogue_server.conf",
-            &pki.node("rs", &other_ca, "node.example"),
-            &ca,
-            "",
-        ))
-        .unwrap();
-        assert_eq!(
-            exchange(&server, &trusting, "node.example"),
-            (Ok(()), Ok(()))
-        );
+        let rogue_server = pki.node("rs", &other_ca, "node.example");
+        let server =
+            TlsDist::from_optfile(&pki.optfile("rs.conf", &rogue_server, &ca, "")).unwrap();
+        assert_connects(&server, &trusting, "node.example");
     }
 
     #[test]
     fn a_plain_tcp_peer_is_told_apart() {
         use tokio::io::AsyncWriteExt;
-        let pki = Pki::new("plain");
-        let ca = pki.ca("ca");
-        let node = pki.node("node", &ca, "node.example");
-        let dist = TlsDist::from_optfile(&pki.optfile("dist.conf", &node, &ca, "")).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let refused = runtime.block_on(async {
+        let (_pki, _, _, dist) = cluster("plain");
+        let refused = runtime().block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let mut tcp = TcpStream::connect(listener.local_addr().unwrap())
                 .await
@@ -825,9 +781,7 @@ mod tests {
 
     #[test]
     fn unusable_files_stop_start_up() {
-        let pki = Pki::new("files");
-        let ca = pki.ca("ca");
-        let node = pki.node("node", &ca, "node.example");
+        let (pki, ca, node, _) = cluster("files");
         let other = pki.node("other", &ca, "node.example");
         let error = |path: &Path| TlsDist::from_optfile(path).unwrap_err().to_string();
 

@@ -29,28 +29,21 @@ defmodule XlaNode.Certs do
     cert = Path.join(dir, "#{name}.pem")
     key = Path.join(dir, "#{name}.key")
 
-    openssl!([
-      "req",
-      "-x509",
-      "-new",
-      "-nodes",
-      "-newkey",
-      "ec",
-      "-pkeyopt",
-      "ec_paramgen_curve:P-256",
-      "-keyout",
-      key,
-      "-out",
-      cert,
-      "-days",
-      "30",
-      "-subj",
-      "/CN=#{name}",
-      "-addext",
-      "basicConstraints=critical,CA:TRUE",
-      "-addext",
-      "keyUsage=critical,keyCertSign,cRLSign"
-    ])
+    openssl!(
+      ["req", "-x509" | new_key(key)] ++
+        [
+          "-out",
+          cert,
+          "-days",
+          "30",
+          "-subj",
+          "/CN=#{name}",
+          "-addext",
+          "basicConstraints=critical,CA:TRUE",
+          "-addext",
+          "keyUsage=critical,keyCertSign,cRLSign"
+        ]
+    )
 
     %{cert: cert, key: key}
   end
@@ -65,21 +58,15 @@ defmodule XlaNode.Certs do
     csr = Path.join(dir, "#{name}.csr")
     ext = Path.join(dir, "#{name}.ext")
 
-    openssl!([
-      "req",
-      "-new",
-      "-nodes",
-      "-newkey",
-      "ec",
-      "-pkeyopt",
-      "ec_paramgen_curve:P-256",
-      "-keyout",
-      key,
-      "-out",
-      csr,
-      "-subj",
-      "/CN=#{name}"
-    ])
+    openssl!(
+      ["req" | new_key(key)] ++
+        [
+          "-out",
+          csr,
+          "-subj",
+          "/CN=#{name}"
+        ]
+    )
 
     File.write!(ext, """
     subjectAltName = DNS:#{host}
@@ -139,6 +126,10 @@ defmodule XlaNode.Certs do
 
   @doc "The xla_node arguments for the same."
   def node_args(optfile), do: ["--proto-dist", "inet_tls", "--ssl-dist-optfile", optfile]
+
+  # `openssl req` arguments for a new request with a new EC P-256 key written to `key`.
+  defp new_key(key),
+    do: ["-new", "-nodes", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-keyout", key]
 
   defp openssl!(args) do
     case System.cmd("openssl", args, stderr_to_stdout: true) do

@@ -170,11 +170,12 @@ defmodule XlaNode.PeerHelpers do
   end
 
   @doc """
-  Compiles `mlir` (x + 1 on f32[4]) on `node`, then keeps `clients` processes running it for
-  `ms` milliseconds (`XlaNode.Load.run_clients/4`); returns Load's summary.
+  Compiles x + 1 on f32[4] (`XlaNode.Load.plus_one_program/0`) on `node`, then keeps `clients`
+  processes running it for `ms` milliseconds (`XlaNode.Load.run_clients/4`); returns Load's
+  summary.
   """
-  def keep_running(node, mlir, clients, ms) do
-    {:ok, {:ok, exe}} = call({:xla, node}, {:compile, mlir}, 60_000)
+  def keep_running(node, clients, ms) do
+    {:ok, {:ok, exe}} = call({:xla, node}, {:compile, XlaNode.Load.plus_one_program()}, 60_000)
     XlaNode.Load.run_clients(node, clients, ms, [{:tiny, exe}])
   end
 end
