@@ -257,3 +257,20 @@ fn watch_signals() -> anyhow::Result<tokio::sync::oneshot::Receiver<&'static str
         })?;
     Ok(received)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("256M"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("12X").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("M").is_err());
+        assert!(parse_bytes("99999999999999999999G").is_err());
+    }
+}
