@@ -28,11 +28,18 @@ true = Node.connect(xla)
   end
   """)
 
+# Over TLS distribution (bench/run.sh tls), the baseline node gets the same `erl` arguments as
+# this one (-proto_dist inet_tls -ssl_dist_optfile FILE), and every figure is over TLS.
+tls_args = System.get_env("XLA_NODE_BENCH_TLS_ARGS", "") |> String.split(" ", trim: true)
+over = if tls_args == [], do: "", else: ", over TLS distribution (inet_tls)"
+
 {:ok, peer, base} =
   :peer.start_link(%{
     name: :"bench_base_#{System.os_time()}",
     # The peer runs Elixir code (GenServer), so it needs Elixir's code path.
-    args: [~c"-setcookie", Atom.to_charlist(Node.get_cookie()), ~c"-pa" | :code.get_path()]
+    args:
+      Enum.map(tls_args, &String.to_charlist/1) ++
+        [~c"-setcookie", Atom.to_charlist(Node.get_cookie()), ~c"-pa" | :code.get_path()]
   })
 
 {:module, _} = :erpc.call(base, :code, :load_binary, [mod, ~c"bench_baseline.beam", bin])
@@ -86,7 +93,7 @@ if parts in ["all", "node"] do
 
   s = Bench.interleave([xla: fn -> GenServer.call({:xla, xla}, :ping) end, beam: fn -> GenServer.call({:baseline, base}, :ping) end], 10, 2000)
   {mx, mb} = {Bench.median(s.xla), Bench.median(s.beam)}
-  Bench.report("tiny GenServer.call (20,000 each, interleaved)", [
+  Bench.report("tiny GenServer.call (20,000 each, interleaved#{over})", [
     "xla_node: median #{Bench.us(mx)}, p99 #{Bench.us(Bench.p99(s.xla))}",
     "BEAM:     median #{Bench.us(mb)}, p99 #{Bench.us(Bench.p99(s.beam))}",
     "ratio xla_node/BEAM median latency: #{Float.round(mx / mb, 3)}  (target <= 1.1)"
@@ -95,7 +102,7 @@ if parts in ["all", "node"] do
   big = :crypto.strong_rand_bytes(16 * 1024 * 1024)
   s = Bench.interleave([xla: fn -> ^big = GenServer.call({:xla, xla}, {:echo, big}, 60_000) end, beam: fn -> ^big = GenServer.call({:baseline, base}, {:echo, big}, 60_000) end], 10, 10)
   mbps = fn samples -> 16 / (Bench.median(samples) / 1_000_000) end
-  Bench.report("16 MiB echo (100 each, interleaved; MiB echoed per second of round trip)", [
+  Bench.report("16 MiB echo (100 each, interleaved#{over}; MiB echoed per second of round trip)", [
     "xla_node: #{Float.round(mbps.(s.xla), 1)} MiB/s",
     "BEAM:     #{Float.round(mbps.(s.beam), 1)} MiB/s",
     "ratio xla_node/BEAM throughput: #{Float.round(mbps.(s.xla) / mbps.(s.beam), 3)}  (target >= 1.2)"

@@ -3,16 +3,23 @@
 # and reported as ratios (these machines are shared and noisy; absolute numbers drift).
 #   bench/run.sh            # all parts
 #   bench/run.sh node       # only: tiny call latency, 16 MiB echo
+#   bench/run.sh tls        # only: the same two over plain TCP, then over TLS distribution
+#                           # (xla_node and the BEAM nodes with inet_tls, certificates made by
+#                           # openssl for the run)
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
 #                           # params on the node) against jax.jit; eager XlaNode.Backend ops
+#   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
+# XLA_NODE_BIN names another node binary to measure (default: target/release/xla_node).
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
 # parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
 # NX_PATH points at a local Nx checkout (with COMPLEX_PATH, TELEMETRY_PATH, and Elixir >= 1.17 on
 # PATH, as for elixir_nx's tests), and says it was skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x target/release/xla_node ] || cargo build --release --quiet
+bin="${XLA_NODE_BIN:-target/release/xla_node}"
+[ -n "${XLA_NODE_BIN:-}" ] || [ -x "$bin" ] || cargo build --release --quiet
+bin=$(realpath "$bin")
 epmd -daemon
 cookie="bench_$$"
 name="xla_bench_$$"
@@ -26,12 +33,52 @@ if [ "$part" = all ] || [ "$part" = kernels ]; then
     export XLA_NODE_BENCH_KERNELS="$PWD/target/kernels/libxn_test_kernels_ffi02.so"
     kernel_args=(--kernel "xn_increment=$XLA_NODE_BENCH_KERNELS:xn_increment")
 fi
-target/release/xla_node --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
-node_pid=$!
-trap 'kill $node_pid 2>/dev/null || true' EXIT
-for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $name " && break; sleep 0.1; done
-if [ "$part" != nx ]; then
-    elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$part"
+pids=()
+tls_dir=""
+cleanup() {
+    kill "${pids[@]}" 2>/dev/null || true
+    [ -z "$tls_dir" ] || rm -rf "$tls_dir"
+}
+trap cleanup EXIT
+wait_registered() {
+    for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $1 " && break; sleep 0.1; done
+}
+"$bin" --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
+pids+=($!)
+wait_registered "$name"
+if [ "$part" != nx ] && [ "$part" != pool ]; then
+    # The tls part compares with the same figures over plain TCP, taken in the same run.
+    plain_part="$part"
+    [ "$part" = tls ] && plain_part=node
+    elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$plain_part"
+fi
+if [ "$part" = all ] || [ "$part" = tls ]; then
+    # One CA and one node certificate for this host, in the option file every node reads.
+    tls_dir=$(mktemp -d)
+    host=$(hostname -s)
+    openssl_quiet() { openssl "$@" >/dev/null 2>&1; }
+    openssl_quiet req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+        -keyout "$tls_dir/ca.key" -out "$tls_dir/ca.pem" -days 2 -subj /CN=bench_ca
+    openssl_quiet req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+        -keyout "$tls_dir/node.key" -out "$tls_dir/node.csr" -subj /CN=bench_node
+    printf 'subjectAltName = DNS:%s\nextendedKeyUsage = serverAuth, clientAuth\n' "$host" >"$tls_dir/node.ext"
+    openssl_quiet x509 -req -in "$tls_dir/node.csr" -CA "$tls_dir/ca.pem" -CAkey "$tls_dir/ca.key" \
+        -CAcreateserial -out "$tls_dir/node.pem" -days 2 -extfile "$tls_dir/node.ext"
+    side="{certfile, \"$tls_dir/node.pem\"}, {keyfile, \"$tls_dir/node.key\"}, {cacertfile, \"$tls_dir/ca.pem\"}, {verify, verify_peer}"
+    printf '[{server, [%s, {fail_if_no_peer_cert, true}]},\n {client, [%s]}].\n' "$side" "$side" >"$tls_dir/dist.conf"
+    tls_args="-proto_dist inet_tls -ssl_dist_optfile $tls_dir/dist.conf"
+    "$bin" --sname "${name}_tls" --cookie "$cookie" \
+        --proto-dist inet_tls --ssl-dist-optfile "$tls_dir/dist.conf" 2>/tmp/xla_bench_tls_node.log &
+    pids+=($!)
+    wait_registered "${name}_tls"
+    XLA_NODE_BENCH_TLS_ARGS="$tls_args" elixir --sname "bench_tls_client_$$" --cookie "$cookie" \
+        --erl "$tls_args" bench/bench.exs "${name}_tls" node
+fi
+if [ "$part" = all ] || [ "$part" = pool ]; then
+    # The pool part starts, kills and restarts nodes of its own; it runs in the client's Mix
+    # project, for XlaNode.Pool.
+    (cd elixir_client && elixir --sname "bench_pool_$$" --cookie "$cookie" -S mix run ../bench/pool.exs \
+        "$bin" "$cookie" </dev/null)
 fi
 if [ "$part" = all ] || [ "$part" = nx ]; then
     # The defn part runs in elixir_nx's Mix project, which needs Nx, hence Elixir >= 1.17.

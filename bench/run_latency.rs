@@ -6,17 +6,22 @@
 //! requests does), and `IDLE_US=N` sleeps N µs (as a server waiting for its next request does).
 //! On the 2-core VM these benchmarks ran on, 20 µs of sleep made the server's path 4 times slower
 //! (2.5 → 10 µs) and spinning for as long did not: the virtual CPU loses its caches when it idles.
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use xla_node::xla::{plugin_path_from_env, Client, DType, HostTensor, Input};
+use xla_node::server::locate_plugin;
+use xla_node::xla::{Argument, Client, DType, HostTensor, Run};
 
 fn main() {
-    let client = Client::from_plugin(plugin_path_from_env()).expect("plugin");
+    let plugin = std::env::var_os("XLA_NODE_PJRT_PLUGIN").map(PathBuf::from);
+    let client =
+        Client::from_plugin(locate_plugin(plugin.as_deref()).expect("plugin")).expect("plugin");
     let mlir = "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
   %one = stablehlo.constant dense<1.0> : tensor<4xf32>
   %y = stablehlo.add %x, %one : tensor<4xf32>
   return %y : tensor<4xf32>
 }";
-    let exe = client.compile(mlir.as_bytes()).expect("compile");
+    let exe = Arc::new(client.compile(mlir.as_bytes()).expect("compile"));
     let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
         .iter()
         .flat_map(|x| x.to_le_bytes())
@@ -33,20 +38,26 @@ fn main() {
     for i in 0..n {
         between_runs(&mut trash, i, cold, idle);
         let t0 = Instant::now();
-        let b = client.buffer_from_host(&data, DType::F32, &[4]).unwrap();
+        let b = Arc::new(client.buffer_from_host(&data, DType::F32, &[4]).unwrap());
         let t1 = Instant::now();
-        let out = exe.execute(&[&b]).unwrap();
+        let run = Run::new(exe.clone(), vec![], vec![Argument::Device(b)]).unwrap();
+        let out = run.execute().unwrap();
         let t2 = Instant::now();
         let v = out[0].to_host().unwrap();
         let t3 = Instant::now();
         drop(out);
-        drop(b);
+        drop(run);
         let t4 = Instant::now();
         assert_eq!(v.len(), 16);
-        // The server's path: `run` (reused input buffers on CPU), read back, free.
+        // The server's path: a host argument checked and run (reused input buffers on CPU),
+        // read back, free.
+        let argument = Argument::Host(tensor.clone());
         between_runs(&mut trash, i, cold, idle);
         let t5 = Instant::now();
-        let out = exe.run(&[Input::Host(&tensor)]).unwrap();
+        let out = Run::new(exe.clone(), vec![], vec![argument])
+            .unwrap()
+            .execute()
+            .unwrap();
         let v = out[0].to_host().unwrap();
         drop(out);
         whole.push(t5.elapsed().as_nanos());

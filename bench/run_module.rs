@@ -2,11 +2,12 @@
 //! `cargo run --release --example run_module -- FILE... [--kernel TARGET=PATH:SYMBOL]... [--runs N]`.
 //! The modules' parameters get zero-filled arguments; with several files, their runs alternate. Against `bench/run.sh kernels`, it tells
 //! how much of a run's time is XLA itself and how much is the node and the network around it.
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 use xla_node::server::kernels::KernelArg;
-use xla_node::xla::{
-    load_kernel, mlir_main_parameters, plugin_path_from_env, Client, HostTensor, Input, KernelSpec,
-};
+use xla_node::server::locate_plugin;
+use xla_node::xla::{load_kernel, Argument, Client, HostTensor, KernelSpec, Run};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -22,7 +23,9 @@ fn main() {
         !files.is_empty(),
         "usage: run_module FILE... [--kernel TARGET=PATH:SYMBOL]... [--runs N]"
     );
-    let client = Client::from_plugin(plugin_path_from_env()).expect("plugin");
+    let plugin = std::env::var_os("XLA_NODE_PJRT_PLUGIN").map(PathBuf::from);
+    let client =
+        Client::from_plugin(locate_plugin(plugin.as_deref()).expect("plugin")).expect("plugin");
     for k in kernels {
         let k: KernelArg = k.parse().expect("--kernel");
         let spec = KernelSpec {
@@ -37,9 +40,9 @@ fn main() {
         .iter()
         .map(|file| {
             let text = std::fs::read(file).expect("module file");
-            let exe = client.compile(&text).expect("compile");
-            let params = mlir_main_parameters(&String::from_utf8_lossy(&text)).expect("parameters");
-            let inputs: Vec<HostTensor> = params
+            let exe = Arc::new(client.compile(&text).expect("compile"));
+            let inputs: Vec<HostTensor> = exe
+                .parameters()
                 .iter()
                 .map(|p| HostTensor::new(p.dtype, p.dims.clone(), vec![0; p.byte_size()]))
                 .collect();
@@ -49,9 +52,10 @@ fn main() {
     let mut times = vec![Vec::new(); files.len()];
     for _ in 0..runs.max(1) {
         for ((exe, inputs), times) in programs.iter().zip(&mut times) {
+            let args = inputs.iter().cloned().map(Argument::Host).collect();
             let start = Instant::now();
-            let args: Vec<Input<'_>> = inputs.iter().map(Input::Host).collect();
-            for out in exe.run(&args).expect("run") {
+            let run = Run::new(exe.clone(), vec![], args).expect("arguments");
+            for out in run.execute().expect("run") {
                 out.to_host().expect("read");
             }
             times.push(start.elapsed().as_micros());

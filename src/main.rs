@@ -1,16 +1,21 @@
 //! `xla_node`: start a hidden Erlang node that serves XLA to the cluster.
 //!
 //! Flags follow `erl` where one exists (`--sname`, `--name`, `--cookie`, the `inet_dist_*`
-//! listen options, `net_ticktime`), so that starting it feels like starting any other node.
+//! listen options, `net_ticktime`, `proto_dist` and `ssl_dist_optfile`), so that starting it feels
+//! like starting any other node.
 
 // As in the library (see src/lib.rs): `unsafe` belongs in `xla_node::xla` only.
 #![deny(unsafe_code)]
 
 use anyhow::Context;
 use clap::Parser;
+use std::io::IsTerminal;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+use xla_node::node::frame::DEFAULT_MAX_MESSAGE_SIZE;
+use xla_node::node::tls::TlsDist;
 use xla_node::node::{cookie, Node, NodeConfig};
 use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
@@ -52,6 +57,19 @@ struct Cli {
     /// Seconds of silence after which a peer is considered down (kernel `net_ticktime`).
     #[arg(long, default_value_t = 60)]
     net_ticktime: u64,
+    /// Distribution carrier, as `erl -proto_dist`: plain TCP, or TLS for every connection in
+    /// both directions (EPMD stays plain TCP, as in OTP).
+    #[arg(long, value_enum, default_value_t = ProtoDist::InetTcp)]
+    proto_dist: ProtoDist,
+    /// OTP's TLS distribution option file, as `erl -ssl_dist_optfile`: `[{server, Opts},
+    /// {client, Opts}].` with certfile, keyfile, cacertfile, verify, fail_if_no_peer_cert,
+    /// server_name_indication, versions. Needs `--proto-dist inet_tls`.
+    #[arg(long, value_name = "FILE")]
+    ssl_dist_optfile: Option<PathBuf>,
+    /// Largest message a peer may send, in bytes (suffixes K, M, G: KiB, MiB, GiB), fragments
+    /// added up; a peer that sends a larger one is disconnected, everyone else is served on.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
+    max_message_bytes: usize,
     /// PJRT plugin to load (default: the CPU plugin installed by scripts/setup.sh).
     #[arg(long, env = "XLA_NODE_PJRT_PLUGIN")]
     pjrt_plugin: Option<PathBuf>,
@@ -89,6 +107,51 @@ struct Cli {
     kernel_version_shim: Vec<String>,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+#[value(rename_all = "snake_case")]
+enum ProtoDist {
+    /// Plain TCP (`inet_tcp`).
+    InetTcp,
+    /// TLS over TCP (`inet_tls`), configured by `--ssl-dist-optfile`.
+    InetTls,
+}
+
+/// A byte count, optionally with a binary suffix: `268435456`, `256M`, `1G`.
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let (digits, unit) = match text.trim().char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => (&text.trim()[..at], c.to_ascii_uppercase()),
+        _ => (text.trim(), 'B'),
+    };
+    let shift = match unit {
+        'B' => 0,
+        'K' => 10,
+        'M' => 20,
+        'G' => 30,
+        _ => return Err(format!("unknown unit {unit:?} (use K, M or G)")),
+    };
+    let value: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count"))?;
+    value
+        .checked_mul(1 << shift)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{text:?} is out of range"))
+}
+
+/// The TLS settings, read before the node starts: any problem with them stops start-up.
+fn tls_settings(cli: &Cli) -> anyhow::Result<Option<Arc<TlsDist>>> {
+    match (cli.proto_dist, &cli.ssl_dist_optfile) {
+        (ProtoDist::InetTcp, None) => Ok(None),
+        (ProtoDist::InetTcp, Some(_)) => {
+            anyhow::bail!("--ssl-dist-optfile applies to TLS distribution: add --proto-dist inet_tls")
+        }
+        (ProtoDist::InetTls, None) => anyhow::bail!(
+            "--proto-dist inet_tls needs --ssl-dist-optfile FILE (certificates and keys, as for erl)"
+        ),
+        (ProtoDist::InetTls, Some(path)) => Ok(Some(Arc::new(TlsDist::from_optfile(path)?))),
+    }
+}
+
 fn full_name(cli: &Cli) -> anyhow::Result<String> {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     Ok(match (&cli.sname, &cli.name) {
@@ -107,8 +170,11 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or a supervisor's journal gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    let tls = tls_settings(&cli)?;
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;
     let config = NodeConfig {
         name: full_name(&cli)?,
@@ -121,6 +187,8 @@ fn main() -> anyhow::Result<()> {
         port_max: cli.inet_dist_listen_max.unwrap_or(cli.inet_dist_listen_min),
         net_ticktime: Duration::from_secs(cli.net_ticktime.max(1)),
         busy_wait: Duration::from_micros(cli.busy_wait_us),
+        tls,
+        max_message_bytes: cli.max_message_bytes,
     };
     let signals = watch_signals()?;
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
@@ -188,4 +256,21 @@ fn watch_signals() -> anyhow::Result<tokio::sync::oneshot::Receiver<&'static str
             }
         })?;
     Ok(received)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("256M"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("12X").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("M").is_err());
+        assert!(parse_bytes("99999999999999999999G").is_err());
+    }
 }

@@ -1,18 +1,21 @@
 //! Host callbacks end to end with real pieces: the real PJRT CPU plugin (`XLA_NODE_PJRT_PLUGIN`,
 //! else the default install path), a real node on loopback registered with epmd, and real Elixir
 //! nodes started with `elixir --sname` that act as callback servers. Programs run through the
-//! Executable API with a [`Dispatcher`] installed; the `:xla` server is not involved.
+//! XLA API the server uses, with a [`Dispatcher`] installed; the `:xla` server is not involved.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{plugin, run_host};
 use eetf::{Pid, Term};
-use xla_node::dispatch::Dispatcher;
+use xla_node::dispatch::{Dispatcher, RunCallbacks, RunHandle};
 use xla_node::node::term::{as_atom, as_i64, as_list, atom, int, term_to_binary, tuple};
 use xla_node::node::{Dest, Node, NodeConfig, Process, Signal};
-use xla_node::xla::{plugin_path_from_env, Client, DType, Executable, HostTensor, XlaError};
+use xla_node::xla::{Client, DType, Executable, HostTensor, XlaError};
 
 const COOKIE: &str = "dispatch_test_cookie";
 
@@ -175,9 +178,11 @@ fn env() -> &'static Env {
                 port_max: 0,
                 net_ticktime: Duration::from_secs(60),
                 busy_wait: Duration::from_micros(200),
+                tls: None,
+                max_message_bytes: xla_node::node::frame::DEFAULT_MAX_MESSAGE_SIZE,
             }))
             .expect("start node");
-        let client = Client::from_plugin(plugin_path_from_env()).expect("load the PJRT plugin");
+        let client = Client::from_plugin(plugin()).expect("load the PJRT plugin");
         let dispatcher = Dispatcher::install(
             node.clone(),
             &client,
@@ -246,10 +251,25 @@ impl Env {
         }
     }
 
-    fn compile(&self, mlir: &str) -> Executable {
-        self.client
+    fn compile(&self, mlir: &str) -> Arc<Executable> {
+        let exe = self
+            .client
             .compile(mlir.as_bytes())
-            .unwrap_or_else(|e| panic!("compile failed: {e}\n{mlir}"))
+            .unwrap_or_else(|e| panic!("compile failed: {e}\n{mlir}"));
+        Arc::new(exe)
+    }
+
+    /// Opens a run's callback context as the server does; returns it with the tensor the
+    /// program's parameter 0 gets.
+    fn open_run(
+        &self,
+        target: Option<Dest>,
+        requester: Pid,
+        timeout: Duration,
+    ) -> (RunCallbacks, HostTensor) {
+        let handle = RunHandle::next();
+        let run = self.dispatcher.open_run(handle, target, requester, timeout);
+        (run, handle.tensor())
     }
 
     /// Asks peer's `:cb` for what it logged under `key`.
@@ -332,8 +352,8 @@ fn x4() -> HostTensor {
     HostTensor::new(DType::F32, vec![4], f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
 }
 
-fn run_err(exe: &Executable, inputs: &[HostTensor]) -> String {
-    match exe.execute_host(inputs) {
+fn run_err(exe: &Arc<Executable>, inputs: &[HostTensor]) -> String {
+    match run_host(exe, inputs) {
         Ok(out) => panic!("run succeeded: {out:?}"),
         Err(XlaError::Runtime(m)) => m,
         Err(other) => panic!("not a runtime error: {other:?}"),
@@ -352,19 +372,15 @@ fn runtime_call_in_exla_form() {
     let exe = e.compile(&runtime_call_module(&atom("add_one"), CB8, F4));
     let req = requester(e);
     let before = e.dispatcher.stats();
-    let run = e.dispatcher.open_run(
+    let (_run, handle) = e.open_run(
         Some(Dest::Pid(e.a.cb.clone())),
         req.pid().clone(),
         Duration::from_secs(5),
     );
-    let out = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), x4()])
-        .unwrap();
+    let out = run_host(&exe, &[handle.clone(), x4()]).unwrap();
     assert_eq!(f32s(&out[0].data), vec![2.0, 3.0, 4.0, 5.0]);
     // The executable and the run stay usable.
-    let out = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), out[0].clone()])
-        .unwrap();
+    let out = run_host(&exe, &[handle.clone(), out[0].clone()]).unwrap();
     assert_eq!(f32s(&out[0].data), vec![3.0, 4.0, 5.0, 6.0]);
     let after = e.dispatcher.stats();
     assert!(after.callbacks >= before.callbacks + 2);
@@ -376,13 +392,9 @@ fn targets_on_other_nodes_by_pid_name_and_term() {
     let e = env();
     let which = |target: Dest, requester: Pid| -> f32 {
         let exe = e.compile(&runtime_call_module(&atom("which"), CB8, "tensor<f32>"));
-        let run = e
-            .dispatcher
-            .open_run(Some(target), requester, Duration::from_secs(5));
+        let (_run, handle) = e.open_run(Some(target), requester, Duration::from_secs(5));
         let x = HostTensor::new(DType::F32, vec![], f32_bytes(&[0.0]));
-        let out = exe
-            .execute_host(&[cb_tensor(&run.handle_bytes()), x])
-            .unwrap();
+        let out = run_host(&exe, &[handle.clone(), x]).unwrap();
         f32s(&out[0].data)[0]
     };
     let req = requester(e);
@@ -403,7 +415,7 @@ fn targets_on_other_nodes_by_pid_name_and_term() {
         let cb_ty = format!("tensor<{}xui8>", bytes.len());
         let exe = e.compile(&runtime_call_module(&atom("which"), &cb_ty, "tensor<f32>"));
         let x = HostTensor::new(DType::F32, vec![], f32_bytes(&[0.0]));
-        let out = exe.execute_host(&[cb_tensor(&bytes), x]).unwrap();
+        let out = run_host(&exe, &[cb_tensor(&bytes), x]).unwrap();
         assert_eq!(f32s(&out[0].data)[0], want);
     }
 }
@@ -412,10 +424,8 @@ fn targets_on_other_nodes_by_pid_name_and_term() {
 fn reply_errors_fail_the_run_with_clear_text() {
     let e = env();
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
-    let h = cb_tensor(&run.handle_bytes());
+    let (_run, handle) = e.open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
+    let h = handle;
 
     let exe = e.compile(&runtime_call_module(&atom("wrong_size"), CB8, F4));
     let err = run_err(&exe, &[h.clone(), x4()]);
@@ -440,7 +450,7 @@ fn reply_errors_fail_the_run_with_clear_text() {
 
     // The run and the target keep working after failed callbacks.
     let exe = e.compile(&runtime_call_module(&atom("add_one"), CB8, F4));
-    let out = exe.execute_host(&[h, x4()]).unwrap();
+    let out = run_host(&exe, &[h, x4()]).unwrap();
     assert_eq!(f32s(&out[0].data), vec![2.0, 3.0, 4.0, 5.0]);
 }
 
@@ -456,18 +466,16 @@ fn no_callback_server() {
         "{err}"
     );
     // A run without callback_server.
-    let run = e
-        .dispatcher
-        .open_run(None, req.pid().clone(), Duration::from_secs(5));
-    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    let (run, handle) = e.open_run(None, req.pid().clone(), Duration::from_secs(5));
+    let err = run_err(&exe, &[handle.clone(), x4()]);
     assert!(
         err.contains("no callback server: pass the run option callback_server"),
         "{err}"
     );
     // A closed run's handle.
-    let stale = run.handle_bytes();
+    let stale = handle.clone();
     drop(run);
-    let err = run_err(&exe, &[cb_tensor(&stale), x4()]);
+    let err = run_err(&exe, &[stale, x4()]);
     assert!(err.contains("no callback server"), "{err}");
     // Raw pid bytes from some VM.
     let err = run_err(&exe, &[cb_tensor(&[3, 0, 0, 0, 1, 0, 0, 0]), x4()]);
@@ -479,13 +487,13 @@ fn target_dies_mid_wait() {
     let e = env();
     let exe = e.compile(&runtime_call_module(&atom("die"), CB8, F4));
     let req = requester(e);
-    let run = e.dispatcher.open_run(
+    let (_run, handle) = e.open_run(
         Some(Dest::Pid(e.a.dier.clone())),
         req.pid().clone(),
         Duration::from_secs(20),
     );
     let t = Instant::now();
-    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    let err = run_err(&exe, &[handle.clone(), x4()]);
     eprintln!("target died: {err} after {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(5));
     let want = format!(
@@ -495,7 +503,7 @@ fn target_dies_mid_wait() {
     assert!(err.contains(&want), "{err}\nwanted: {want}");
 
     // A name nobody registered: noproc, at once.
-    let run = e.dispatcher.open_run(
+    let (_run, handle) = e.open_run(
         Some(Dest::Remote {
             name: "nobody_here".into(),
             node: e.a.node.clone(),
@@ -504,7 +512,7 @@ fn target_dies_mid_wait() {
         Duration::from_secs(20),
     );
     let t = Instant::now();
-    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    let err = run_err(&exe, &[handle.clone(), x4()]);
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(
         err.contains(&format!(
@@ -522,7 +530,7 @@ fn node_down_mid_wait() {
     let victim = start_peer(&e.node, &sname, "victim", 3);
     let exe = e.compile(&runtime_call_module(&atom("halt"), CB8, F4));
     let req = requester(e);
-    let run = e.dispatcher.open_run(
+    let (_run, handle) = e.open_run(
         Some(Dest::Remote {
             name: "halter".into(),
             node: victim.node.clone(),
@@ -531,7 +539,7 @@ fn node_down_mid_wait() {
         Duration::from_secs(20),
     );
     let t = Instant::now();
-    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    let err = run_err(&exe, &[handle.clone(), x4()]);
     eprintln!("node down: {err} after {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(err.contains("noconnection"), "{err}");
@@ -542,12 +550,12 @@ fn node_down_mid_wait() {
 fn timeout_and_late_replies() {
     let e = env();
     let req = requester(e);
-    let run = e.dispatcher.open_run(
+    let (_run, handle) = e.open_run(
         Some(e.cb(&e.a)),
         req.pid().clone(),
         Duration::from_millis(300),
     );
-    let h = cb_tensor(&run.handle_bytes());
+    let h = handle;
     let exe = e.compile(&runtime_call_module(&atom("never"), CB8, F4));
     let t = Instant::now();
     let err = run_err(&exe, &[h.clone(), x4()]);
@@ -562,7 +570,7 @@ fn timeout_and_late_replies() {
     let add = e.compile(&runtime_call_module(&atom("add_one"), CB8, F4));
     let t = Instant::now();
     while t.elapsed() < Duration::from_millis(800) {
-        let out = add.execute_host(&[h.clone(), x4()]).unwrap();
+        let out = run_host(&add, &[h.clone(), x4()]).unwrap();
         assert_eq!(f32s(&out[0].data), vec![2.0, 3.0, 4.0, 5.0]);
     }
 }
@@ -571,10 +579,8 @@ fn timeout_and_late_replies() {
 fn requester_death_abandons_the_run() {
     let e = env();
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(20));
-    let h = cb_tensor(&run.handle_bytes());
+    let (_run, handle) = e.open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(20));
+    let h = handle;
     let exe = e.compile(&runtime_call_module(&atom("never"), CB8, F4));
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
@@ -601,9 +607,7 @@ fn requester_death_abandons_the_run() {
 fn remote_requester_death_abandons_the_run() {
     let e = env();
     let mortal = e.a.mortal.clone();
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.b)), mortal.clone(), Duration::from_secs(20));
+    let (_run, handle) = e.open_run(Some(e.cb(&e.b)), mortal.clone(), Duration::from_secs(20));
     let exe = e.compile(&runtime_call_module(&atom("never"), CB8, F4));
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
@@ -611,7 +615,7 @@ fn remote_requester_death_abandons_the_run() {
         p.send(Dest::Pid(mortal), atom("die"));
     });
     let t = Instant::now();
-    let err = run_err(&exe, &[cb_tensor(&run.handle_bytes()), x4()]);
+    let err = run_err(&exe, &[handle.clone(), x4()]);
     killer.join().unwrap();
     eprintln!("remote requester died: {err} after {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(5));
@@ -651,17 +655,13 @@ fn io_calls_run_in_program_order() {
     );
     let exe = e.compile(&module);
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
+    let (_run, handle) = e.open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
     let k = HostTensor::new(
         DType::S64,
         vec![2],
         [7i64, -9].iter().flat_map(|v| v.to_le_bytes()).collect(),
     );
-    let out = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), x4(), k.clone()])
-        .unwrap();
+    let out = run_host(&exe, &[handle.clone(), x4(), k.clone()]).unwrap();
     assert_eq!(f32s(&out[0].data), vec![2.0, 4.0, 6.0, 8.0]);
     assert_eq!(out[1].data, k.data);
     let log: Vec<i64> = e
@@ -691,12 +691,8 @@ fn outfeed_streams_values_out() {
     // To B's :cb through a run handle.
     let exe = e.compile(&module(CB8));
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.b)), req.pid().clone(), Duration::from_secs(5));
-    let out = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), x.clone()])
-        .unwrap();
+    let (_run, handle) = e.open_run(Some(e.cb(&e.b)), req.pid().clone(), Duration::from_secs(5));
+    let out = run_host(&exe, &[handle.clone(), x.clone()]).unwrap();
     assert_eq!(
         (out[0].data.clone(), out[1].data.clone()),
         (vec![1], vec![1])
@@ -734,7 +730,7 @@ fn outfeed_streams_values_out() {
     for target in [Term::from(dead), atom("nobody_registered_this")] {
         let bytes = term_to_binary(&target);
         let exe = e.compile(&module(&format!("tensor<{}xui8>", bytes.len())));
-        let out = exe.execute_host(&[cb_tensor(&bytes), x.clone()]).unwrap();
+        let out = run_host(&exe, &[cb_tensor(&bytes), x.clone()]).unwrap();
         assert_eq!(
             (out[0].data.clone(), out[1].data.clone()),
             (vec![0], vec![0])
@@ -753,21 +749,15 @@ fn infeed_asks_for_values() {
 }";
     let exe = e.compile(module);
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.b)), req.pid().clone(), Duration::from_secs(5));
+    let (_run, handle) = e.open_run(Some(e.cb(&e.b)), req.pid().clone(), Duration::from_secs(5));
     let tag = HostTensor::new(DType::S32, vec![], 0i32.to_le_bytes().to_vec());
     let ints = |d: &[u8]| -> Vec<i32> {
         d.chunks_exact(4)
             .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
             .collect()
     };
-    let out1 = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), tag.clone()])
-        .unwrap();
-    let out2 = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), tag])
-        .unwrap();
+    let out1 = run_host(&exe, &[handle.clone(), tag.clone()]).unwrap();
+    let out2 = run_host(&exe, &[handle.clone(), tag]).unwrap();
     let (a, b) = (ints(&out1[0].data), ints(&out2[0].data));
     // The stream numbers its answers: the second infeed gets the next value.
     assert_eq!(a[1] - a[0], 1);
@@ -807,14 +797,10 @@ fn while_loop_calls_back_many_times() {
     );
     let exe = e.compile(&module);
     let req = requester(e);
-    let run = e
-        .dispatcher
-        .open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
+    let (_run, handle) = e.open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
     let x = HostTensor::new(DType::F32, vec![], f32_bytes(&[0.0]));
     let t = Instant::now();
-    let out = exe
-        .execute_host(&[cb_tensor(&run.handle_bytes()), x])
-        .unwrap();
+    let out = run_host(&exe, &[handle.clone(), x]).unwrap();
     let took = t.elapsed();
     eprintln!("{n} callbacks in {took:?} ({:?} each)", took / n as u32);
     assert_eq!(f32s(&out[0].data), vec![n as f32]);
@@ -832,7 +818,7 @@ fn concurrent_runs() {
                 s.spawn(move || {
                     let req = requester(e);
                     let peer = if i % 2 == 0 { &e.a } else { &e.b };
-                    let run = e.dispatcher.open_run(
+                    let (_run, handle) = e.open_run(
                         Some(Dest::Pid(peer.cb.clone())),
                         req.pid().clone(),
                         Duration::from_secs(10),
@@ -840,10 +826,7 @@ fn concurrent_runs() {
                     let mut x =
                         HostTensor::new(DType::F32, vec![4], f32_bytes(&[i as f32, 0.0, 1.0, 2.0]));
                     for _ in 0..100 {
-                        x = exe
-                            .execute_host(&[cb_tensor(&run.handle_bytes()), x])
-                            .unwrap()
-                            .remove(0);
+                        x = run_host(&exe, &[handle.clone(), x]).unwrap().remove(0);
                     }
                     (i, f32s(&x.data))
                 })

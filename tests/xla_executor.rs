@@ -1,21 +1,37 @@
 //! Integration tests of the XLA layer against the real PJRT CPU plugin (no
-//! mocks). The plugin is taken from `XLA_NODE_PJRT_PLUGIN`, else the default
-//! install location.
+//! mocks), through the API the node itself uses: programs compiled by the
+//! client or the executor, run as a [`Run`]. The plugin is the node's:
+//! `XLA_NODE_PJRT_PLUGIN`, else the default install location.
+
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::{plugin, run_host};
 use xla_node::xla::{
-    plugin_path_from_env, register_host_handler, Attr, Client, DType, Executor, HostTensor, Input,
-    ParameterSource, TensorSpec, XlaError,
+    register_host_handler, Argument, Attr, Buffer, Client, DType, Executable, Executor, HostTensor,
+    Run, TensorSpec, XlaError,
 };
 
 fn client() -> Client {
     static CLIENT: OnceLock<Client> = OnceLock::new();
     CLIENT
-        .get_or_init(|| Client::from_plugin(plugin_path_from_env()).expect("load PJRT CPU plugin"))
+        .get_or_init(|| Client::from_plugin(plugin()).expect("load PJRT CPU plugin"))
         .clone()
+}
+
+fn compile(program: &str) -> Arc<Executable> {
+    Arc::new(client().compile(program.as_bytes()).unwrap())
+}
+
+fn devices(buffers: &[&Arc<Buffer>]) -> Vec<Argument> {
+    buffers
+        .iter()
+        .map(|b| Argument::Device(Arc::clone(b)))
+        .collect()
 }
 
 fn executor() -> Executor {
@@ -40,8 +56,8 @@ fn t(dtype: DType, dims: &[i64], data: Vec<u8>) -> HostTensor {
 }
 
 fn run(program: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
-    let exe = client().compile(program.as_bytes())?;
-    exe.execute_host(inputs)
+    let exe = Arc::new(client().compile(program.as_bytes())?);
+    run_host(&exe, inputs)
 }
 
 /// `op(a, b)` on two `tensor<N x ty>` values.
@@ -64,10 +80,6 @@ fn client_info() {
     assert!(!c.devices().is_empty());
     assert!(c.devices().iter().any(|d| d.addressable));
     assert_eq!(c.api().version().0, 0);
-    assert!(c
-        .plugin_attributes()
-        .iter()
-        .any(|(k, _)| k == "xla_version"));
 }
 
 #[test]
@@ -325,19 +337,18 @@ fn multi_output() {
   %2 = stablehlo.reduce(%1 init: %z) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x2xf32>, tensor<f32>) -> tensor<f32>
   return %0, %1, %2 : tensor<2x2xf32>, tensor<2x2xf32>, tensor<f32>
 }";
-    let exe = client().compile(program.as_bytes()).unwrap();
+    let exe = compile(program);
+    let a = t(DType::F32, &[2, 2], le(&[1.0f32, 2.0, 3.0, 4.0]));
+    let b = t(DType::F32, &[2, 2], le(&[5.0f32, 6.0, 7.0, 8.0]));
+    let out = run_host(&exe, &[a, b]).unwrap();
     assert_eq!(
-        exe.outputs(),
-        &[
+        out.iter().map(HostTensor::spec).collect::<Vec<_>>(),
+        [
             TensorSpec::new(DType::F32, vec![2, 2]),
             TensorSpec::new(DType::F32, vec![2, 2]),
             TensorSpec::new(DType::F32, vec![]),
         ]
     );
-    let a = t(DType::F32, &[2, 2], le(&[1.0f32, 2.0, 3.0, 4.0]));
-    let b = t(DType::F32, &[2, 2], le(&[5.0f32, 6.0, 7.0, 8.0]));
-    let out = exe.execute_host(&[a, b]).unwrap();
-    assert_eq!(out.len(), 3);
     assert_eq!(out[0].data, le(&[6.0f32, 8.0, 10.0, 12.0]));
     assert_eq!(out[1].data, le(&[5.0f32, 12.0, 21.0, 32.0]));
     assert_eq!(out[2].dims, Vec::<i64>::new());
@@ -377,8 +388,7 @@ fn mlp_matches_rust() {
             want[i] += s.tanh();
         }
     }
-    let exe = client().compile(MLP.as_bytes()).unwrap();
-    assert_eq!(exe.parameter_source(), ParameterSource::MlirText);
+    let exe = compile(MLP);
     assert_eq!(
         exe.parameters(),
         &[
@@ -387,15 +397,15 @@ fn mlp_matches_rust() {
             TensorSpec::new(DType::F32, vec![4]),
         ]
     );
-    // The optimized-HLO route agrees with the MLIR signature.
-    assert_eq!(exe.hlo_parameters().unwrap(), exe.parameters());
-    let out = exe
-        .execute_host(&[
+    let out = run_host(
+        &exe,
+        &[
             t(DType::F32, &[2, 3], le(&x)),
             t(DType::F32, &[3, 4], le(&w)),
             t(DType::F32, &[4], le(&b)),
-        ])
-        .unwrap();
+        ],
+    )
+    .unwrap();
     let got = f32s(&out[0].data);
     assert_eq!(got.len(), 2);
     for i in 0..2 {
@@ -417,8 +427,7 @@ fn parameters_from_optimized_hlo_when_text_is_generic() {
   }) : () -> ()
 }) : () -> ()
 "#;
-    let exe = client().compile(program.as_bytes()).unwrap();
-    assert_eq!(exe.parameter_source(), ParameterSource::OptimizedHlo);
+    let exe = compile(program);
     assert_eq!(
         exe.parameters(),
         &[
@@ -426,12 +435,14 @@ fn parameters_from_optimized_hlo_when_text_is_generic() {
             TensorSpec::new(DType::S64, vec![3])
         ]
     );
-    let out = exe
-        .execute_host(&[
+    let out = run_host(
+        &exe,
+        &[
             t(DType::F32, &[2], le(&[1.0f32, 2.0])),
             t(DType::S64, &[3], le(&[1i64, 2, 3])),
-        ])
-        .unwrap();
+        ],
+    )
+    .unwrap();
     assert_eq!(out[0].data, le(&[1.0f32, 2.0]));
 }
 
@@ -462,37 +473,39 @@ fn invalid_programs_are_compile_errors() {
 #[test]
 fn argument_errors_name_the_index() {
     let c = client();
-    let exe = c.compile(MLP.as_bytes()).unwrap();
-    let x = c.buffer_from_host(&[0u8; 24], DType::F32, &[2, 3]).unwrap();
-    let w = c.buffer_from_host(&[0u8; 48], DType::F32, &[3, 4]).unwrap();
-    let b = c.buffer_from_host(&[0u8; 16], DType::F32, &[4]).unwrap();
-    let w64 = c.buffer_from_host(&[0u8; 96], DType::S64, &[3, 4]).unwrap();
-    let w_t = c.buffer_from_host(&[0u8; 48], DType::F32, &[4, 3]).unwrap();
+    let exe = compile(MLP);
+    let buffer = |dtype, dims: &[i64]| {
+        let size = TensorSpec::new(dtype, dims.to_vec()).byte_size();
+        Arc::new(c.buffer_from_host(&vec![0u8; size], dtype, dims).unwrap())
+    };
+    let x = buffer(DType::F32, &[2, 3]);
+    let w = buffer(DType::F32, &[3, 4]);
+    let b = buffer(DType::F32, &[4]);
+    let w64 = buffer(DType::S64, &[3, 4]);
+    let w_t = buffer(DType::F32, &[4, 3]);
+    let check = |args: &[&Arc<Buffer>]| Run::new(exe.clone(), vec![], devices(args)).unwrap_err();
 
-    let err = exe.execute(&[&x, &w]).unwrap_err();
     assert_eq!(
-        err,
+        check(&[&x, &w]),
         XlaError::Argument("expected 3 arguments, got 2".into())
     );
-    let err = exe.execute(&[&x, &w, &b, &b]).unwrap_err();
+    let err = check(&[&x, &w, &b, &b]);
     assert!(
         matches!(err, XlaError::Argument(ref m) if m.contains("expected 3 arguments, got 4")),
         "{err}"
     );
-
-    let err = exe.execute(&[&x, &w64, &b]).unwrap_err();
     assert_eq!(
-        err,
+        check(&[&x, &w64, &b]),
         XlaError::Argument(
             "argument 1: expected f32[3,4] (48 bytes), got s64[3,4] (96 bytes)".into()
         )
     );
-    let err = exe.execute(&[&x, &w, &w_t]).unwrap_err();
+    let err = check(&[&x, &w, &w_t]);
     assert!(
         matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 2: expected f32[4]")),
         "{err}"
     );
-    let err = exe.execute(&[&x, &w_t, &b]).unwrap_err();
+    let err = check(&[&x, &w_t, &b]);
     assert!(
         matches!(err, XlaError::Argument(ref m) if m.contains("argument 1") && m.contains("got f32[4,3]")),
         "{err}"
@@ -506,31 +519,58 @@ fn argument_errors_name_the_index() {
         matches!(err, XlaError::Argument(ref m) if m.contains("24 bytes")),
         "{err}"
     );
-    let err = exe
-        .execute_host(&[
+    let err = run_host(
+        &exe,
+        &[
             t(DType::F32, &[2, 3], vec![0; 24]),
             t(DType::F32, &[3, 4], vec![0; 47]),
             t(DType::F32, &[4], vec![0; 16]),
-        ])
-        .unwrap_err();
+        ],
+    )
+    .unwrap_err();
     assert!(
-        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 1:")),
+        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 1:") && m.contains("47 bytes")),
         "{err}"
     );
-    let err = exe
-        .execute_host(&[
+    let err = run_host(
+        &exe,
+        &[
             t(DType::F32, &[2, 3], vec![0; 24]),
             t(DType::F32, &[3, 4], vec![0; 48]),
             t(DType::F16, &[4], vec![0; 8]),
-        ])
-        .unwrap_err();
+        ],
+    )
+    .unwrap_err();
     assert!(
         matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 2:") && m.contains("f16[4]")),
         "{err}"
     );
 
+    // Arguments the node puts ahead of the caller's are not counted in the caller's errors.
+    let leading = || vec![t(DType::F32, &[2, 3], vec![0; 24])];
+    let err = Run::new(exe.clone(), leading(), devices(&[&w])).unwrap_err();
+    assert_eq!(
+        err,
+        XlaError::Argument(
+            "expected 2 arguments (after the callback handle the node supplies), got 1".into()
+        )
+    );
+    let err = Run::new(exe.clone(), leading(), devices(&[&w64, &b])).unwrap_err();
+    assert!(
+        matches!(err, XlaError::Argument(ref m) if m.starts_with("argument 0: expected f32[3,4]")),
+        "{err}"
+    );
+    let out = Run::new(exe.clone(), leading(), devices(&[&w, &b]))
+        .unwrap()
+        .execute()
+        .unwrap();
+    assert_eq!(out[0].to_host().unwrap(), vec![0u8; 8]);
+
     // Still runs with correct arguments.
-    let out = exe.execute(&[&x, &w, &b]).unwrap();
+    let out = Run::new(exe.clone(), vec![], devices(&[&x, &w, &b]))
+        .unwrap()
+        .execute()
+        .unwrap();
     assert_eq!(out[0].to_host().unwrap(), vec![0u8; 8]);
 }
 
@@ -562,19 +602,18 @@ fn buffers_round_trip_and_report_types() {
 #[test]
 fn each_run_sees_its_own_arguments() {
     let c = client();
-    let exe = c
-        .compile(
-            b"func.func @main(%x: tensor<4xf32>, %k: tensor<4xf32>, %e: tensor<0xf32>, %p: tensor<4xi1>) -> (tensor<4xf32>, tensor<0xf32>) {
+    let exe = compile(
+        "func.func @main(%x: tensor<4xf32>, %k: tensor<4xf32>, %e: tensor<0xf32>, %p: tensor<4xi1>) -> (tensor<4xf32>, tensor<0xf32>) {
   %0 = stablehlo.multiply %x, %k : tensor<4xf32>
   %z = stablehlo.constant dense<0.0> : tensor<4xf32>
   %1 = stablehlo.select %p, %0, %z : tensor<4xi1>, tensor<4xf32>
   return %1, %e : tensor<4xf32>, tensor<0xf32>
 }",
-        )
-        .unwrap();
-    let k = c
-        .buffer_from_host(&le(&[1.0f32, 2.0, 3.0, 4.0]), DType::F32, &[4])
-        .unwrap();
+    );
+    let k = Arc::new(
+        c.buffer_from_host(&le(&[1.0f32, 2.0, 3.0, 4.0]), DType::F32, &[4])
+            .unwrap(),
+    );
     let empty = t(DType::F32, &[0], vec![]);
     std::thread::scope(|s| {
         for thread in 0..4 {
@@ -584,13 +623,18 @@ fn each_run_sees_its_own_arguments() {
                     let v = (thread * 1000 + i) as f32;
                     let x = t(DType::F32, &[4], le(&[v, v + 1.0, v + 2.0, v + 3.0]));
                     let p = t(DType::Pred, &[4], vec![1, (i % 2) as u8, 1, 0]);
-                    let inputs = [
-                        Input::Host(&x),
-                        Input::Device(k),
-                        Input::Host(empty),
-                        Input::Host(&p),
-                    ];
-                    let out = exe.run(&inputs).unwrap();
+                    let args = |x: HostTensor| {
+                        vec![
+                            Argument::Host(x),
+                            Argument::Device(k.clone()),
+                            Argument::Host(empty.clone()),
+                            Argument::Host(p.clone()),
+                        ]
+                    };
+                    let out = Run::new(exe.clone(), vec![], args(x))
+                        .unwrap()
+                        .execute()
+                        .unwrap();
                     let second = if i % 2 == 1 { 2.0 * (v + 1.0) } else { 0.0 };
                     assert_eq!(
                         out[0].to_host().unwrap(),
@@ -600,14 +644,7 @@ fn each_run_sees_its_own_arguments() {
                     assert_eq!(out[1].to_host().unwrap(), Vec::<u8>::new());
                     if i % 50 == 0 {
                         let wrong = t(DType::F32, &[3], le(&[1.0f32, 2.0, 3.0]));
-                        let err = exe
-                            .run(&[
-                                Input::Host(&wrong),
-                                Input::Device(k),
-                                Input::Host(empty),
-                                Input::Host(&p),
-                            ])
-                            .unwrap_err();
+                        let err = Run::new(exe.clone(), vec![], args(wrong)).unwrap_err();
                         assert!(
                             matches!(err, XlaError::Argument(ref m) if m.contains("argument 0")),
                             "{err:?}"
@@ -635,13 +672,12 @@ fn compile_cache_hits() {
     assert!(Arc::ptr_eq(&e1, &e2));
     let s = ex.stats();
     assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
+    // A failed compile is neither counted nor cached.
     assert!(ex.compile(b"not mlir at all, main".to_vec()).is_err());
-    assert_eq!(ex.stats().compile_errors, 1);
-    let out = ex
-        .run_blocking(&e1, &[t(DType::S32, &[5], le(&[1i32, 2, 3, 4, 5]))])
-        .unwrap();
+    let s = ex.stats();
+    assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
+    let out = run_host(&e1, &[t(DType::S32, &[5], le(&[1i32, 2, 3, 4, 5]))]).unwrap();
     assert_eq!(out[0].data, le(&[2i32, 4, 6, 8, 10]));
-    assert_eq!(ex.stats().runs, 1);
 }
 
 /// A `while` loop of `n` steps over a 16-element vector (shared with the integration tests).
@@ -667,37 +703,42 @@ fn long_run_does_not_block_tiny_runs() {
     let per_iter = (0..3)
         .map(|_| {
             let t0 = Instant::now();
-            ex.run_blocking(&long, &[t(DType::S64, &[], le(&[probe])), x.clone()])
-                .unwrap();
+            run_host(&long, &[t(DType::S64, &[], le(&[probe])), x.clone()]).unwrap();
             t0.elapsed().as_secs_f64() / probe as f64
         })
         .fold(f64::INFINITY, f64::min);
     let n = ((2.0 / per_iter) as i64).clamp(probe, 2_000_000_000);
 
+    // Runs on the executor's pool, as the node's scheduler submits them.
+    let on_pool = |exe: &Arc<Executable>, inputs: Vec<HostTensor>| {
+        let (tx, rx) = mpsc::channel();
+        let exe = exe.clone();
+        ex.submit(Box::new(move || {
+            let _ = tx.send(run_host(&exe, &inputs));
+        }));
+        rx
+    };
     let start = Instant::now();
-    let mut long_rx = ex.run(long.clone(), vec![t(DType::S64, &[], le(&[n])), x]);
+    let long_rx = on_pool(&long, vec![t(DType::S64, &[], le(&[n])), x]);
     std::thread::sleep(Duration::from_millis(100));
     let rxs: Vec<_> = (0..100)
         .map(|i| {
-            ex.run(
-                tiny.clone(),
+            on_pool(
+                &tiny,
                 vec![t(DType::F32, &[4], le(&[i as f32, 1.0, 2.0, 3.0]))],
             )
         })
         .collect();
     for (i, rx) in rxs.into_iter().enumerate() {
-        let out = rx.blocking_recv().unwrap().unwrap();
+        let out = rx.recv().unwrap().unwrap();
         assert_eq!(out[0].data, le(&[(i * i) as f32, 1.0, 4.0, 9.0]));
     }
     let tiny_done = start.elapsed();
     assert!(
-        matches!(
-            long_rx.try_recv(),
-            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
-        ),
+        matches!(long_rx.try_recv(), Err(mpsc::TryRecvError::Empty)),
         "the long run finished before the tiny ones ({tiny_done:?})"
     );
-    let out = long_rx.blocking_recv().unwrap().unwrap();
+    let out = long_rx.recv().unwrap().unwrap();
     let long_done = start.elapsed();
     assert_eq!(out[0].dims, vec![16]);
     assert!(long_done > tiny_done, "{long_done:?} vs {tiny_done:?}");
@@ -724,7 +765,6 @@ struct Seen {
     callback_id: Option<Attr>,
     callback_id_size: Option<Attr>,
     aliased: Option<Attr>,
-    names: Vec<String>,
     pid: Vec<u8>,
     x: Vec<f32>,
     x_dims: Vec<i64>,
@@ -751,7 +791,6 @@ fn ffi_handler_sees_attributes_and_writes_results() {
                 s.callback_id = frame.attr("callback_id");
                 s.callback_id_size = frame.attr("callback_id_size");
                 s.aliased = frame.attr("num_aliased_data_outputs");
-                s.names = frame.attr_names();
                 s.pid = args[0].data.to_vec();
                 s.x = f32s(args[1].data);
                 s.x_dims = args[1].dims.clone();
@@ -766,26 +805,16 @@ fn ffi_handler_sees_attributes_and_writes_results() {
     )
     .unwrap();
 
-    let exe = c
-        .compile(callback_module("xla_node_test_callback").as_bytes())
-        .unwrap();
+    let exe = compile(&callback_module("xla_node_test_callback"));
     let pid = t(DType::U8, &[8], (1..=8).collect());
     let x = t(DType::F32, &[4], le(&[1.0f32, 2.0, 3.0, 4.0]));
-    let out = exe.execute_host(&[pid.clone(), x.clone()]).unwrap();
+    let out = run_host(&exe, &[pid.clone(), x.clone()]).unwrap();
     assert_eq!(out[0].data, le(&[3.0f32, 5.0, 7.0, 9.0]));
     {
         let s = seen.lock().unwrap().clone();
         assert_eq!(s.callback_id, Some(Attr::ArrayI64(vec![7, 8, 9])));
         assert_eq!(s.callback_id_size, Some(Attr::U64(23)));
         assert_eq!(s.aliased, Some(Attr::U64(0)));
-        assert_eq!(
-            s.names,
-            vec![
-                "callback_id",
-                "callback_id_size",
-                "num_aliased_data_outputs"
-            ]
-        );
         assert_eq!(s.pid, (1..=8).collect::<Vec<u8>>());
         assert_eq!(s.x, vec![1.0, 2.0, 3.0, 4.0]);
         assert_eq!(s.x_dims, vec![4]);
@@ -793,7 +822,7 @@ fn ffi_handler_sees_attributes_and_writes_results() {
 
     // A handler error surfaces as a runtime error with the handler's text ...
     fail.store(true, Ordering::SeqCst);
-    let err = exe.execute_host(&[pid.clone(), x.clone()]).unwrap_err();
+    let err = run_host(&exe, &[pid.clone(), x.clone()]).unwrap_err();
     assert!(
         matches!(err, XlaError::Runtime(ref m) if m.contains("boom")),
         "{err:?}"
@@ -801,7 +830,7 @@ fn ffi_handler_sees_attributes_and_writes_results() {
     eprintln!("handler error surfaced as: {err}");
     // ... and the executable keeps working.
     fail.store(false, Ordering::SeqCst);
-    let out = exe.execute_host(&[pid, x]).unwrap();
+    let out = run_host(&exe, &[pid, x]).unwrap();
     assert_eq!(out[0].data, le(&[3.0f32, 5.0, 7.0, 9.0]));
     assert!(calls.load(Ordering::SeqCst) >= 3);
 }
@@ -845,17 +874,17 @@ fn ffi_handler_panics_and_aliasing() {
     };
     let pid = t(DType::U8, &[8], vec![0; 8]);
     let x = t(DType::F32, &[4], le(&[1.0f32, -2.0, 3.0, 0.5]));
-    let exe = c.compile(module("2.0").as_bytes()).unwrap();
-    let out = exe.execute_host(&[pid.clone(), x.clone()]).unwrap();
+    let exe = compile(&module("2.0"));
+    let out = run_host(&exe, &[pid.clone(), x.clone()]).unwrap();
     assert_eq!(out[0].data, le(&[2.0f32, -4.0, 6.0, 1.0]));
 
-    let bad = c.compile(module("-1.0").as_bytes()).unwrap();
-    let err = bad.execute_host(&[pid.clone(), x.clone()]).unwrap_err();
+    let bad = compile(&module("-1.0"));
+    let err = run_host(&bad, &[pid.clone(), x.clone()]).unwrap_err();
     assert!(
         matches!(err, XlaError::Runtime(ref m) if m.contains("negative scale")),
         "{err:?}"
     );
-    let out = exe.execute_host(&[pid, x]).unwrap();
+    let out = run_host(&exe, &[pid, x]).unwrap();
     assert_eq!(out[0].data, le(&[2.0f32, -4.0, 6.0, 1.0]));
 }
 
@@ -868,36 +897,6 @@ fn unregistered_target_is_a_compile_error() {
         matches!(err, XlaError::Compile(ref m) if m.contains("xla_node_never_registered")),
         "{err:?}"
     );
-}
-
-#[test]
-fn executor_async_api() {
-    let ex = executor();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (exe, _) = ex
-            .compile_async(
-                b"func.func @main(%a: tensor<2xi64>) -> tensor<2xi64> {
-  %0 = stablehlo.negate %a : tensor<2xi64>
-  return %0 : tensor<2xi64>
-}"
-                .to_vec(),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        let out = ex
-            .run(exe, vec![t(DType::S64, &[2], le(&[5i64, -6]))])
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(out[0].data, le(&[-5i64, 6]));
-        let v = ex.spawn(|| 41 + 1).await.unwrap();
-        assert_eq!(v, 42);
-    });
 }
 
 /// The rule of `server::schedule`: nothing waits on XLA on a thread of the async runtime, whose

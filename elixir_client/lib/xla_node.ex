@@ -19,6 +19,9 @@ defmodule XlaNode do
   `t:GenServer.server/0` term: a pid, `{name, node}`, `{:global, name}`, `{:via, mod, name}`.
   A local registered name must be given as `{name, node()}`, since a bare atom means a node.
 
+  `server` may also be an `XlaNode.Pool` (its name, an atom without `"@"`, or its pid): the
+  pool chooses a node for each call and re-sends a run elsewhere when its node goes down.
+
   ## Results and errors
 
   Functions return `{:ok, result}` or `{:error, %XlaNode.Error{}}` (`free/3` returns `:ok`,
@@ -60,11 +63,14 @@ defmodule XlaNode do
     timeout: :timeout
   ]
 
-  @typedoc "A node name (meaning `{:xla, node}`) or any `GenServer` server."
-  @type server :: node() | GenServer.server()
+  # What a run through an XlaNode.Pool takes besides.
+  @pool_run_options [node: :name, retry: :boolean, max_attempts: :pos_integer]
 
-  @typedoc "An executable returned by `compile/3`."
-  @type executable :: reference()
+  @typedoc "A node name (meaning `{:xla, node}`), any `GenServer` server, or an `XlaNode.Pool`."
+  @type server :: node() | GenServer.server() | XlaNode.Pool.t()
+
+  @typedoc "An executable returned by `compile/3` (from a pool: an `XlaNode.Pool.Executable`)."
+  @type executable :: reference() | XlaNode.Pool.Executable.t()
 
   @typedoc "A device buffer returned by `to_device/3` or `run/4` with `keep_on_device: true`."
   @type buffer :: reference()
@@ -81,6 +87,8 @@ defmodule XlaNode do
 
     * `:timeout` - how long to wait for the executable, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:node` - only with an `XlaNode.Pool`: the node to compile it on first (default: the one
+      the pool would send a run to)
 
   ## Examples
 
@@ -97,8 +105,18 @@ defmodule XlaNode do
   """
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
-    opts = Options.validate!(opts, "XlaNode.compile/3", timeout: :timeout)
-    call(server, {:compile, IO.iodata_to_binary(mlir)}, Keyword.get(opts, :timeout, :infinity))
+    spec =
+      if XlaNode.Pool.pool?(server),
+        do: [timeout: :timeout, node: :name],
+        else: [timeout: :timeout]
+
+    {timeout, opts} =
+      opts |> Options.validate!("XlaNode.compile/3", spec) |> Keyword.pop(:timeout)
+
+    mlir = IO.iodata_to_binary(mlir)
+    # A pool's node: chooses where it compiles first.
+    request = if opts == [], do: {:compile, mlir}, else: {:compile, mlir, opts}
+    call(server, request, timeout || :infinity)
   end
 
   @doc """
@@ -132,6 +150,14 @@ defmodule XlaNode do
     * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
       `:infinity`)
 
+  With an `XlaNode.Pool` (see its documentation), also:
+
+    * `:node` - run it on this node of the pool, and nowhere else
+    * `:retry` - `false`: never re-send the run to another node when its node goes down
+      (default `true`)
+    * `:max_attempts` - how many nodes may try the run, the first included (default: the pool's
+      `:max_attempts`)
+
   ## Examples
 
       x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})
@@ -145,7 +171,7 @@ defmodule XlaNode do
   @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
           {:ok, [tensor() | buffer()]} | error()
   def run(server, exe, args, opts \\ []) when is_list(args) do
-    opts = Options.validate!(opts, "XlaNode.run/4", @run_options)
+    opts = Options.validate!(opts, "XlaNode.run/4", run_options(server))
     {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
 
     node_opts =
@@ -342,9 +368,22 @@ defmodule XlaNode do
     |> Keyword.get(:timeout, @default_timeout)
   end
 
+  defp run_options(server) do
+    if XlaNode.Pool.pool?(server), do: @run_options ++ @pool_run_options, else: @run_options
+  end
+
   # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
-  # reply with a bare value (:ping, :free) come back as {:ok, value}.
+  # reply with a bare value (:ping, :free) come back as {:ok, value}. A pool serves the request
+  # itself (see XlaNode.Pool).
   defp call(server, request, timeout) do
+    case XlaNode.Pool.route(server, request) do
+      :node -> call_node(server, request, timeout)
+      {:pool, pool} -> XlaNode.Pool.request(pool, request, timeout)
+      {:error, _} = error -> error
+    end
+  end
+
+  defp call_node(server, request, timeout) do
     target = server(server)
 
     try do

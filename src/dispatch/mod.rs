@@ -6,9 +6,9 @@
 //! registers host handlers for the three targets; the handlers turn each call into a message to a
 //! process of the cluster and (except for outfeed) block the XLA thread until the reply arrives.
 //!
-//! A run's target is named per run: the server calls [`Dispatcher::open_run`] with the run's
-//! `callback_server` option and passes [`RunCallbacks::handle_bytes`] as the program's parameter 0
-//! (EXLA's `u8[8]`), so modules compiled by EXLA run unchanged. Modules may instead carry
+//! A run's target is named per run: the server passes a [`RunHandle`] as the program's parameter 0
+//! (EXLA's `u8[8]`) and calls [`Dispatcher::open_run`] with it and the run's `callback_server`
+//! option, so modules compiled by EXLA run unchanged. Modules may instead carry
 //! `term_to_binary(target)` themselves (see [`target`]).
 //!
 //! Nothing waits forever: each wait monitors its target, is bounded by the run's timeout, and is
@@ -17,15 +17,19 @@
 //! Files: `target` (operand 0: run handles and term-encoded targets), `run` (per-run state and the
 //! requester watch), `wait` (send + wait with monitors and timeouts), `watch` (monitors shared by
 //! every callback to one process), `handlers` (the three FFI targets and reply checking),
-//! `streams` (outfeed sending), `inspect` (Elixir-style error texts).
+//! `polling` (how long a waiting thread polls), `streams` (outfeed sending), `inspect`
+//! (Elixir-style error texts).
 
 mod handlers;
 pub mod inspect;
+mod polling;
 mod run;
 mod streams;
 pub mod target;
 mod wait;
 mod watch;
+
+pub use target::RunHandle;
 
 use crate::node::{Dest, Node};
 use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
@@ -43,9 +47,6 @@ pub const RUNTIME_CALLBACK: &str = "exla_runtime_callback";
 pub const BEAM_OUTFEED: &str = "exla_beam_outfeed";
 /// FFI target that asks a stream process for the next value.
 pub const BEAM_INFEED: &str = "exla_beam_infeed";
-
-/// Run handles are numbered process-wide, so no two dispatchers (or runs) ever share one.
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 /// Counters of the dispatcher, for the server's stats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,11 +138,13 @@ impl Dispatcher {
         Ok(dispatcher)
     }
 
-    /// Opens the callback context of one run: `target` = the run's `callback_server` option
+    /// Opens the callback context of one run, on the thread that executes it: `handle` = the
+    /// run's handle (in the program's parameter 0), `target` = the run's `callback_server` option
     /// (None if not given), `requester` = pid that asked for the run, `timeout` = bound on each
     /// callback wait. A bare name as target means a process registered on the requester's node.
     pub fn open_run(
         self: &Arc<Self>,
+        handle: RunHandle,
         target: Option<Dest>,
         requester: Pid,
         timeout: Duration,
@@ -153,7 +156,7 @@ impl Dispatcher {
             },
             other => other,
         });
-        let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        let handle = handle.number();
         let state = Arc::new(RunState::new(self.node.clone(), target, requester, timeout));
         self.runs_lock().insert(handle, state.clone());
         RunCallbacks {
@@ -222,20 +225,6 @@ pub struct RunCallbacks {
 }
 
 impl RunCallbacks {
-    /// The 8 bytes the server passes as parameter 0 (EXLA's `u8[8]`) of this run.
-    pub fn handle_bytes(&self) -> [u8; 8] {
-        target::handle_bytes(self.handle)
-    }
-
-    /// The resolved target (a bare name already qualified with the requester's node).
-    pub fn target(&self) -> Option<&Dest> {
-        self.state.target.as_ref()
-    }
-
-    pub fn requester(&self) -> &Pid {
-        &self.state.requester
-    }
-
     /// Calls `f` when the first of the run's custom calls that runs on the thread that opened
     /// the run starts: XLA's CPU client only does that inside `Execute`, for a program it
     /// executes on the calling thread.

@@ -3,7 +3,7 @@
 //! EXLA's modules carry a `u8[8]` in operand 0 (its parameter 0), which EXLA fills with raw local
 //! pid bytes that mean nothing outside its VM. The node accepts two things there instead:
 //!
-//! * a **run handle** (exactly 8 bytes, from [`super::RunCallbacks::handle_bytes`]): the target is
+//! * a **run handle** (exactly 8 bytes, from [`RunHandle::tensor`]): the target is
 //!   the run's `callback_server` option, and the run is known (its requester is watched, its
 //!   timeout applies). Handles start with the bytes `0xE5 'X'`, so they never look like
 //!   `term_to_binary` output (which starts with 131), like EXLA's "no callbacks" value (eight
@@ -17,7 +17,8 @@ use super::inspect;
 use super::run::RunState;
 use crate::node::term::binary_to_term;
 use crate::node::Dest;
-use crate::xla::{DType, TensorRef};
+use crate::xla::{DType, HostTensor, TensorRef};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// First two bytes of every run handle.
@@ -26,8 +27,33 @@ pub(crate) const HANDLE_MAGIC: [u8; 2] = [0xE5, b'X'];
 /// The error for a run without a callback target.
 pub(crate) const NO_SERVER: &str = "no callback server: pass the run option callback_server";
 
+/// Run handles are numbered process-wide, so no two dispatchers (or runs) ever share one.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+/// A run's handle. It is taken before the run opens, so that it can be part of the run's
+/// arguments when they are checked (as EXLA's `u8[8]` parameter 0), and it is opened with
+/// [`super::Dispatcher::open_run`] on the thread that executes the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunHandle(u64);
+
+impl RunHandle {
+    /// A handle no run has had.
+    pub fn next() -> RunHandle {
+        RunHandle(NEXT_HANDLE.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn number(self) -> u64 {
+        self.0
+    }
+
+    /// The `u8[8]` tensor the program's callback operand receives.
+    pub fn tensor(self) -> HostTensor {
+        HostTensor::new(DType::U8, vec![8], handle_bytes(self.0).to_vec())
+    }
+}
+
 /// The 8 bytes of handle number `n` (48 bits are used).
-pub(crate) fn handle_bytes(n: u64) -> [u8; 8] {
+fn handle_bytes(n: u64) -> [u8; 8] {
     let b = n.to_be_bytes();
     [
         HANDLE_MAGIC[0],

@@ -22,13 +22,13 @@
 //! skipped by the next wait.
 
 use super::inspect;
+use super::polling::ReplyPolling;
 use super::run::{RunState, ABANDON};
 use super::watch::Watches;
 use super::Counters;
 use crate::node::probe::{self, Step};
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
-use crate::server::schedule::ReplyPolling;
 use eetf::{Reference, Term};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -1,29 +1,33 @@
-//! One established distribution connection: a reader and a batching writer over one TCP stream.
+//! One established distribution connection: a reader and a batching writer over one stream, plain
+//! TCP or TLS ([`DistStream`]).
 //!
-//! Writer: senders encode their messages and, when the writer is idle, write them themselves
-//! (see [`super::outbox`]); everything else is queued here, and everything queued at that moment
-//! goes out in one `writev` (one TCP segment for small messages; TCP_NODELAY is set). Messages too
-//! large for one frame are cut into fragments ([`frame::FRAGMENT_SIZE`]), and the writer sends at
-//! most `BATCH_LIMIT` of them per round, so a 64 MiB transfer does not stall small messages from
-//! other processes. Messages from one sender stay in order: once a sender has a message in
-//! fragments, its later messages wait in the same lane. Ticks go out when nothing else has been
-//! written for a tick interval.
+//! Writer: senders encode their messages and, on plain TCP when the writer is idle, write them
+//! themselves (see [`super::outbox`]); everything else is queued here, and everything queued at
+//! that moment goes out in one `writev` (one TCP segment for small messages; TCP_NODELAY is set),
+//! or in as few TLS records. Messages too large for one frame are cut into fragments
+//! ([`frame::FRAGMENT_SIZE`]), and the writer sends at most `BATCH_LIMIT` of them per round, so a
+//! 64 MiB transfer does not stall small messages from other processes. Messages from one sender
+//! stay in order: once a sender has a message in fragments, its later messages wait in the same
+//! lane. Ticks go out when nothing else has been written for a tick interval.
 //!
 //! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
-//! silent for `net_ticktime` is declared down; so is one that sends anything malformed.
+//! silent for `net_ticktime` is declared down; so is one that sends anything malformed, or a
+//! message larger than the node's limit (`--max-message-bytes`, fragments added up), which is
+//! refused before its bytes are read.
 
-use super::frame::{self, Encoded, Fragmenter, FrameDecoder};
+use super::frame::{self, Encoded, Fragmenter, FrameDecoder, FrameError};
 use super::handshake::PeerInfo;
 use super::outbox::{advance, Outbox, Outgoing};
 use super::reassembly;
+use super::stream::{DistStream, TlsStream};
 use super::{flags, signals, Node};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,30 +37,68 @@ use tokio_util::sync::CancellationToken;
 /// transfer takes few syscalls (each a costly wake-up of the peer on a small VM).
 const BATCH_LIMIT: usize = 1024 * 1024;
 
-/// Largest single frame accepted (pass-through frames carry whole messages when FRAGMENTS is off).
-const MAX_FRAME: usize = frame::MAX_MESSAGE_SIZE;
-
 /// Runs the connection until it fails, the peer goes silent, or `cancel` fires. Returns why it
 /// ended, for the nodedown log line.
 pub async fn run(
     node: &Node,
     peer: &str,
-    stream: TcpStream,
+    stream: DistStream,
     info: &PeerInfo,
     queue: mpsc::UnboundedReceiver<Outgoing>,
     outbox: &Outbox,
     cancel: CancellationToken,
 ) -> String {
-    let (read_half, write_half) = stream.into_split();
-    let socket = Arc::new(write_half);
     let header_format = info.flags & flags::FRAGMENTS != 0;
+    let shared = Shared {
+        node,
+        peer,
+        outbox,
+        header_format,
+    };
+    match stream {
+        DistStream::Tcp(tcp) => {
+            let (read_half, write_half) = tcp.into_split();
+            let socket = Arc::new(write_half);
+            // Senders may write to a plain socket themselves.
+            outbox.attach(Some(socket.clone()), header_format);
+            serve(shared, read_half, Sink::Tcp(socket), queue, cancel).await
+        }
+        DistStream::Tls(tls) => {
+            // The TLS session is shared by both halves; only the writer task writes to it.
+            let (read_half, write_half) = tokio::io::split(*tls);
+            outbox.attach(None, header_format);
+            serve(shared, read_half, Sink::Tls(write_half), queue, cancel).await
+        }
+    }
+}
+
+/// What the reader and the writer of one connection share.
+struct Shared<'a> {
+    node: &'a Node,
+    peer: &'a str,
+    outbox: &'a Outbox,
+    header_format: bool,
+}
+
+async fn serve<R: AsyncRead + Unpin>(
+    shared: Shared<'_>,
+    read_half: R,
+    sink: Sink,
+    queue: mpsc::UnboundedReceiver<Outgoing>,
+    cancel: CancellationToken,
+) -> String {
+    let Shared {
+        node,
+        peer,
+        outbox,
+        header_format,
+    } = shared;
     let ticktime = node.net_ticktime();
     // A quarter of net_ticktime, as OTP; at most a second so that peers configured with a shorter
     // net_ticktime than ours still hear from us in time.
     let tick_interval = (ticktime / 4).min(Duration::from_secs(1));
     let reader = read_loop(node, peer, read_half, ticktime);
-    outbox.attach(socket.clone(), header_format);
-    let writer = write_loop(node, &socket, queue, outbox, header_format, tick_interval);
+    let writer = write_loop(node, sink, queue, outbox, header_format, tick_interval);
     let reason = tokio::select! {
         r = reader => r,
         w = writer => w,
@@ -67,15 +109,29 @@ pub async fn run(
     reason
 }
 
-async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Duration) -> String {
+async fn read_loop<R: AsyncRead + Unpin>(
+    node: &Node,
+    peer: &str,
+    half: R,
+    ticktime: Duration,
+) -> String {
     // Small enough that reads of large binaries' data bypass it (no extra copy), large enough
     // to gather many small frames per syscall.
     let mut reader = BufReader::with_capacity(16 * 1024, half);
-    let mut decoder = FrameDecoder::default();
+    let max_message = node.max_message_bytes();
+    let mut decoder = FrameDecoder::default().with_max_message(max_message);
     // Reused for every frame that is not part of a fragmented message.
     let mut body: Vec<u8> = Vec::new();
     loop {
-        let message = match read_frame(&mut reader, &mut decoder, &mut body, peer, ticktime).await {
+        let read = read_frame(
+            &mut reader,
+            &mut decoder,
+            &mut body,
+            peer,
+            max_message,
+            ticktime,
+        );
+        let message = match read.await {
             Ok(Some(message)) => {
                 super::probe::frame_read();
                 message
@@ -92,28 +148,35 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
 }
 
 /// Reads one frame: returns the message it completes, if any, or why the connection ends.
-async fn read_frame(
-    reader: &mut BufReader<OwnedReadHalf>,
+async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
     decoder: &mut FrameDecoder,
     body: &mut Vec<u8>,
     peer: &str,
+    max_message: usize,
     ticktime: Duration,
 ) -> Result<Option<frame::Message>, String> {
-    let malformed = |e: &dyn std::fmt::Display| {
-        tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
-        format!("malformed frame: {e}")
+    let malformed = |e: &FrameError| match e {
+        FrameError::TooLarge { limit } => too_large(peer, *limit),
+        e => {
+            tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
+            format!("malformed frame: {e}")
+        }
     };
     let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
         Err(_) => return Err(format!("no data for net_ticktime ({ticktime:?})")),
+        // The peer closed the connection (over TLS, possibly without a close_notify alert).
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err("connection closed".to_string())
+        }
         Ok(Err(e)) => return Err(format!("connection closed ({e})")),
         Ok(Ok(len)) => len as usize,
     };
     if len == 0 {
         return Ok(None); // tick
     }
-    if len > MAX_FRAME {
-        tracing::warn!(%peer, "frame of {len} bytes exceeds the limit; dropping the connection");
-        return Err(format!("frame of {len} bytes"));
+    if len > max_message {
+        return Err(too_large(peer, max_message));
     }
     // Fragments of a fragmented message (`131 'E'`, 19-byte header, then `131 'F'`, 18 bytes) go
     // from the socket straight into the message's reassembly, large binaries into vectors of
@@ -155,6 +218,15 @@ async fn read_frame(
     body.extend_from_slice(&head[..head_len]);
     read_to_end_within(reader, body, len - head_len, ticktime).await?;
     decoder.decode(body).map_err(|e| malformed(&e))
+}
+
+/// A peer sent a message over the limit: one warning naming it, and the reason the connection ends.
+fn too_large(peer: &str, limit: usize) -> String {
+    tracing::warn!(
+        %peer,
+        "message larger than --max-message-bytes ({limit} bytes); dropping the connection"
+    );
+    format!("message larger than --max-message-bytes ({limit} bytes)")
 }
 
 /// A sender's messages that must wait behind one of its messages being sent in fragments.
@@ -272,40 +344,68 @@ impl Batch {
     }
 
     /// Writes everything, then empties the batch for the next round.
-    async fn write_to(&mut self, socket: &OwnedWriteHalf) -> std::io::Result<()> {
-        let stream: &TcpStream = socket.as_ref();
+    async fn write_to(&mut self, sink: &mut Sink) -> std::io::Result<()> {
         if !self.small.is_empty() {
             self.chunks.push(self.small.split().freeze());
         }
-        while !self.chunks.is_empty() {
-            let slices: Vec<IoSlice> = self.chunks[..self.chunks.len().min(MAX_IOVECS)]
-                .iter()
-                .map(|c| IoSlice::new(c))
-                .collect();
-            let written = match stream.try_write_vectored(&slices) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    drop(slices);
-                    stream.writable().await?;
-                    continue;
+        match sink {
+            Sink::Tcp(socket) => write_socket(&mut self.chunks, socket.as_ref().as_ref()).await?,
+            Sink::Tls(tls) => {
+                while !self.chunks.is_empty() {
+                    let written = tls.write_vectored(&slices(&self.chunks)).await?;
+                    if written == 0 {
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    advance(&mut self.chunks, written);
                 }
-                Err(e) => return Err(e),
-            };
-            drop(slices);
-            advance(&mut self.chunks, written);
+                // Records the socket did not take at once are still in the TLS session.
+                tls.flush().await?;
+            }
         }
         self.len = 0;
         Ok(())
     }
 }
 
+/// Where a connection's writer writes.
+enum Sink {
+    /// The plain socket, shared with senders that write to it directly.
+    Tcp(Arc<OwnedWriteHalf>),
+    /// The TLS session's writing half.
+    Tls(WriteHalf<TlsStream>),
+}
+
+/// The first buffers of `chunks`, for one vectored write.
+fn slices(chunks: &[Bytes]) -> Vec<IoSlice<'_>> {
+    chunks[..chunks.len().min(MAX_IOVECS)]
+        .iter()
+        .map(|c| IoSlice::new(c))
+        .collect()
+}
+
+/// Writes all of `chunks` to a plain socket, waiting whenever it is full.
+async fn write_socket(chunks: &mut Vec<Bytes>, stream: &TcpStream) -> std::io::Result<()> {
+    while !chunks.is_empty() {
+        let written = match stream.try_write_vectored(&slices(chunks)) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                stream.writable().await?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        advance(chunks, written);
+    }
+    Ok(())
+}
+
 /// Most buffers handed to one `writev` (Linux allows 1024).
 const MAX_IOVECS: usize = 64;
 
 /// Reads exactly `buf.len()` bytes, or says why the connection ends.
-async fn read_exact_within(
-    reader: &mut BufReader<OwnedReadHalf>,
+async fn read_exact_within<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
     buf: &mut [u8],
     limit: Duration,
 ) -> Result<(), String> {
@@ -318,8 +418,8 @@ async fn read_exact_within(
 
 /// Appends exactly `len` bytes to `buf`, growing it as bytes arrive rather than trusting the
 /// length up front.
-async fn read_to_end_within(
-    reader: &mut BufReader<OwnedReadHalf>,
+async fn read_to_end_within<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
     buf: &mut Vec<u8>,
     len: usize,
     limit: Duration,
@@ -337,7 +437,7 @@ async fn read_to_end_within(
 
 async fn write_loop(
     node: &Node,
-    socket: &OwnedWriteHalf,
+    mut sink: Sink,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     outbox: &Outbox,
     header_format: bool,
@@ -410,7 +510,7 @@ async fn write_loop(
         if batch.len() == 0 {
             continue;
         }
-        if let Err(e) = batch.write_to(socket).await {
+        if let Err(e) = batch.write_to(&mut sink).await {
             return format!("write failed ({e})");
         }
         wrote_since_tick = true;

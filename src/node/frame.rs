@@ -15,7 +15,7 @@
 
 use super::control::ControlMessage;
 use super::message::{check_end, decode_message};
-pub use super::message::{FrameError, Message, MAX_MESSAGE_SIZE};
+pub use super::message::{FrameError, Message, DEFAULT_MAX_MESSAGE_SIZE};
 use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
 use super::term::{decode_at, encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
 use bytes::{Buf, Bytes};
@@ -46,6 +46,8 @@ pub struct FrameDecoder {
     in_progress: HashMap<u64, Partial>,
     nonce: Nonce,
     big_binary: usize,
+    /// Largest message accepted, fragments added up.
+    max_message: usize,
 }
 
 impl Default for FrameDecoder {
@@ -112,6 +114,15 @@ impl FrameDecoder {
             in_progress: HashMap::new(),
             nonce: rand::random(),
             big_binary,
+            max_message: DEFAULT_MAX_MESSAGE_SIZE,
+        }
+    }
+
+    /// The same decoder refusing messages larger than `max_message` bytes.
+    pub fn with_max_message(self, max_message: usize) -> Self {
+        FrameDecoder {
+            max_message,
+            ..self
         }
     }
 
@@ -121,7 +132,9 @@ impl FrameDecoder {
     pub fn start(&mut self, seq: u64, id: u64, len: usize) -> &mut Reassembly {
         // `id` fragments of about this one's size: the reassembly reserves for them (within a
         // bound, as the count comes from the peer).
-        let expected = len.saturating_mul(usize::try_from(id).unwrap_or(usize::MAX));
+        let expected = len
+            .saturating_mul(usize::try_from(id).unwrap_or(usize::MAX))
+            .min(self.max_message);
         let partial = Partial {
             next_id: id.saturating_sub(1),
             received: len,
@@ -151,8 +164,10 @@ impl FrameDecoder {
         if partial.next_id != id || id == 0 {
             return Err(FrameError::FragmentOrder { seq, id });
         }
-        if partial.received.saturating_add(len) > MAX_MESSAGE_SIZE {
-            return Err(FrameError::TooLarge);
+        if partial.received.saturating_add(len) > self.max_message {
+            return Err(FrameError::TooLarge {
+                limit: self.max_message,
+            });
         }
         partial.received += len;
         partial.next_id -= 1;

@@ -5,11 +5,14 @@
 //! simultaneous connects with `nok`/`ok_simultaneous` against its own connection table, and bound
 //! every step with a timeout (the caller wraps the whole exchange in one).
 //!
-//! Messages are `Length:16` + body. Names follow the Erlang documentation: send_name (`N`),
+//! Messages are `Length:16` + body over plain TCP, and `Length:32` + body over TLS (OTP's
+//! `inet_tls_dist` runs the handshake on a `{packet, 4}` socket). Names follow the Erlang
+//! documentation: send_name (`N`),
 //! recv_status (`s`), recv_challenge (`N`), send_challenge_reply (`r`), recv_challenge_ack (`a`).
 
 use super::flags;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use super::stream::DistStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What this node tells peers about itself.
 #[derive(Debug, Clone)]
@@ -68,8 +71,17 @@ pub enum HandshakeError {
     WrongName { got: String, expected: String },
 }
 
-async fn read_message<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>, HandshakeError> {
-    let len = stream.read_u16().await? as usize;
+/// Handshake messages are small; a TLS peer's 32-bit length is bounded by this.
+const MAX_MESSAGE: usize = 0xffff;
+
+async fn read_message(stream: &mut DistStream) -> Result<Vec<u8>, HandshakeError> {
+    let len = match stream {
+        DistStream::Tcp(_) => stream.read_u16().await? as usize,
+        DistStream::Tls(_) => stream.read_u32().await? as usize,
+    };
+    if len > MAX_MESSAGE {
+        return Err(HandshakeError::Malformed("message longer than 64 KiB"));
+    }
     let mut body = vec![0; len];
     stream.read_exact(&mut body).await?;
     if body.is_empty() {
@@ -78,12 +90,12 @@ async fn read_message<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>, H
     Ok(body)
 }
 
-async fn write_message<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    body: &[u8],
-) -> Result<(), HandshakeError> {
-    let mut frame = Vec::with_capacity(body.len() + 2);
-    frame.extend_from_slice(&(body.len() as u16).to_be_bytes());
+async fn write_message(stream: &mut DistStream, body: &[u8]) -> Result<(), HandshakeError> {
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    match stream {
+        DistStream::Tcp(_) => frame.extend_from_slice(&(body.len() as u16).to_be_bytes()),
+        DistStream::Tls(_) => frame.extend_from_slice(&(body.len() as u32).to_be_bytes()),
+    }
     frame.extend_from_slice(body);
     stream.write_all(&frame).await?;
     stream.flush().await?;
@@ -153,8 +165,8 @@ fn check_mandatory(peer: &PeerInfo) -> Result<(), HandshakeError> {
 }
 
 /// Client role: we dialled `expected_peer`. Completes the handshake or says why not.
-pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
+pub async fn client(
+    stream: &mut DistStream,
     me: &LocalIdentity,
     expected_peer: &str,
 ) -> Result<PeerInfo, HandshakeError> {
@@ -217,9 +229,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Server role, first half: reads the client's name so the caller can pick a [`Status`] against
 /// its connection table.
-pub async fn server_recv_name<S: AsyncRead + Unpin>(
-    stream: &mut S,
-) -> Result<PeerInfo, HandshakeError> {
+pub async fn server_recv_name(stream: &mut DistStream) -> Result<PeerInfo, HandshakeError> {
     let body = read_message(stream).await?;
     if body[0] != b'N' {
         // 'n' (version 5) is only sent by nodes older than OTP 23, which OTP 25 cannot talk to either.
@@ -236,8 +246,8 @@ pub async fn server_recv_name<S: AsyncRead + Unpin>(
 /// Server role, second half: sends `status` and, if it lets the handshake go on, the challenge,
 /// then checks the client's digest. For `Alive` it returns `Ok(false)` when the client chose to
 /// give up (`sfalse`).
-pub async fn server_finish<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
+pub async fn server_finish(
+    stream: &mut DistStream,
     me: &LocalIdentity,
     peer: &PeerInfo,
     status: Status,

@@ -7,8 +7,10 @@ use super::control::{ControlError, ControlMessage};
 use super::term::{decode_at, TermError};
 use eetf::Term;
 
-/// Largest message (after reassembly) accepted from a peer.
-pub const MAX_MESSAGE_SIZE: usize = 1 << 31;
+/// Largest message (fragments added up) accepted from a peer unless the node is told otherwise
+/// (`--max-message-bytes`): room for tensors of hundreds of MiB, while a peer cannot make the node
+/// allocate without bound.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -22,8 +24,8 @@ pub enum FrameError {
     AtomCache,
     #[error("fragment {id} of sequence {seq} arrived out of order")]
     FragmentOrder { seq: u64, id: u64 },
-    #[error("message larger than {MAX_MESSAGE_SIZE} bytes")]
-    TooLarge,
+    #[error("message larger than {limit} bytes")]
+    TooLarge { limit: usize },
     #[error("{0} bytes after the end of the message")]
     Trailing(usize),
 }

@@ -5,14 +5,19 @@
 //! the cluster only through [`Process`] / [`Node`] methods: send, monitor, make_ref, register.
 //!
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
-//! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
+//! per-node table, dialling and accepting), `stream` (plain TCP or TLS), `tls` (TLS distribution
+//! settings from OTP's option file, read by `consult`), `connection` (framing, batching writer,
+//! ticks, the message size limit),
 //! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
 //! (control messages), `signals` (what incoming control messages do to local processes),
-//! `busy_wait` (a CPU kept awake after traffic), `probe` (a callback's steps, timed on request),
-//! `process`, `term`, `flags`, `cookie`, `gen` (gen_server call and reply conventions).
+//! `process_table` (live processes, registered names, monitors and links), `process` (the
+//! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
+//! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
+//! reply conventions).
 
 pub mod busy_wait;
 pub mod connection;
+pub mod consult;
 pub mod control;
 pub mod cookie;
 pub mod epmd;
@@ -25,22 +30,24 @@ pub mod outbox;
 pub mod peers;
 pub mod probe;
 pub mod process;
+pub mod process_table;
 pub mod reassembly;
 pub mod signals;
+pub mod stream;
 pub mod term;
+pub mod tls;
 
-use control::{ControlMessage, ProcRef};
+use control::ControlMessage;
 use eetf::{Atom, Pid, Reference, Term};
 use handshake::LocalIdentity;
 pub use process::{Dest, Process, Signal};
+use process_table::{Local, ProcessTable};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use term::{atom, ref_key};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// How the node presents itself and where it listens.
@@ -59,6 +66,11 @@ pub struct NodeConfig {
     /// How long a CPU stays busy after each message received or sent (see [`busy_wait`]);
     /// zero: never.
     pub busy_wait: Duration,
+    /// TLS distribution (`inet_tls`) for every connection, accepted and dialled; `None`: plain
+    /// TCP (`inet_tcp`).
+    pub tls: Option<Arc<tls::TlsDist>>,
+    /// Largest message a peer may send (fragments added up); a peer sending more is disconnected.
+    pub max_message_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,29 +107,16 @@ pub(crate) struct NodeInner {
     next_pid: AtomicU64,
     next_ref: AtomicU64,
     next_sequence: AtomicU64,
-    state: Mutex<State>,
+    processes: Mutex<ProcessTable>,
+    /// One slot per peer node: its connection, or the dialling of one.
+    peers: Mutex<HashMap<String, Arc<peers::Peer>>>,
     shutdown: CancellationToken,
     listen_addr: SocketAddr,
     registration: Mutex<Option<epmd::Registration>>,
     listener: Mutex<Option<TcpListener>>,
     busy_wait: busy_wait::BusyWait,
-}
-
-#[derive(Default)]
-pub(crate) struct State {
-    processes: HashMap<u32, process::Entry>,
-    names: HashMap<String, Pid>,
-    peers: HashMap<String, Arc<peers::Peer>>,
-    /// Monitors our processes hold on remote processes, by reference.
-    remote_monitors: HashMap<RefKey, RemoteMonitor>,
-}
-
-type RefKey = (String, Vec<u32>, u32);
-
-struct RemoteMonitor {
-    owner: Pid,
-    target: Dest,
-    reference: Reference,
+    tls: Option<Arc<tls::TlsDist>>,
+    max_message_bytes: usize,
 }
 
 impl Node {
@@ -166,12 +165,15 @@ impl Node {
                 next_pid: AtomicU64::new(1),
                 next_ref: AtomicU64::new(1),
                 next_sequence: AtomicU64::new(1),
-                state: Mutex::new(State::default()),
+                processes: Mutex::new(ProcessTable::new(registration.creation)),
+                peers: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
                 listen_addr,
                 registration: Mutex::new(Some(registration)),
                 listener: Mutex::new(None),
                 busy_wait,
+                tls: config.tls.clone(),
+                max_message_bytes: config.max_message_bytes,
             }),
         };
         *node
@@ -229,63 +231,34 @@ impl Node {
         self.inner.net_ticktime
     }
 
+    pub(crate) fn tls(&self) -> Option<&tls::TlsDist> {
+        self.inner.tls.as_deref()
+    }
+
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes
+    }
+
     pub(crate) fn next_sequence(&self) -> u64 {
         self.inner.next_sequence.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+    /// The peer table (see [`peers`]).
+    pub(crate) fn peers(&self) -> MutexGuard<'_, HashMap<String, Arc<peers::Peer>>> {
         // A panic while holding the lock must not take the whole node down with poisoning.
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Names of the nodes with an established connection.
     pub fn connected_nodes(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .state()
-            .peers
+            .peers()
             .values()
             .filter(|p| p.is_up())
             .map(|p| p.name.clone())
             .collect();
         names.sort();
         names
-    }
-
-    /// Number of live local processes.
-    pub fn process_count(&self) -> usize {
-        self.state().processes.len()
-    }
-
-    /// Creates a new process with an empty mailbox.
-    pub fn spawn_process(&self) -> Process {
-        let n = self.inner.next_pid.fetch_add(1, Ordering::Relaxed);
-        // Pid numbers are 15 bits on the wire for old nodes; the rest goes into the serial.
-        let pid = Pid::new(
-            self.name(),
-            (n & 0x7fff) as u32,
-            ((n >> 15) & 0x1fff) as u32,
-            self.creation(),
-        );
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.state().processes.insert(
-            pid.id | (pid.serial << 15),
-            process::Entry {
-                pid: pid.clone(),
-                mailbox: tx,
-                name: None,
-                watchers: Vec::new(),
-                links: Vec::new(),
-            },
-        );
-        Process::new(self.clone(), pid, rx)
-    }
-
-    /// Creates a process and registers it under `name`. Panics if the name is taken (a
-    /// programming error: the node registers its own fixed names once).
-    pub fn spawn_registered(&self, name: &str) -> Process {
-        let p = self.spawn_process();
-        assert!(p.register(name), "name {name} registered twice");
-        p
     }
 
     pub fn make_ref(&self) -> Reference {
@@ -297,24 +270,6 @@ impl Node {
         }
     }
 
-    pub(crate) fn register(&self, name: &str, pid: &Pid) -> bool {
-        let mut state = self.state();
-        if state.names.contains_key(name) {
-            return false;
-        }
-        let Some(entry) = state.processes.get_mut(&local_key(pid)) else {
-            return false;
-        };
-        entry.name = Some(name.to_string());
-        state.names.insert(name.to_string(), pid.clone());
-        true
-    }
-
-    /// The local pid registered under `name`.
-    pub fn whereis(&self, name: &str) -> Option<Pid> {
-        self.state().names.get(name).cloned()
-    }
-
     fn is_local(&self, pid: &Pid) -> bool {
         pid.node == self.inner.name
     }
@@ -324,14 +279,16 @@ impl Node {
     /// Erlang's `send`, a message to a dead process or an unreachable node is dropped silently.
     pub fn send(&self, from: &Pid, to: Dest, message: Term) {
         match to {
-            Dest::Pid(pid) if self.is_local(&pid) => self.deliver(&pid, Signal::Message(message)),
+            Dest::Pid(pid) if self.is_local(&pid) => {
+                self.deliver(Local::Pid(&pid), Signal::Message(message))
+            }
             Dest::Pid(pid) => {
                 let node = pid.node.name.clone();
                 self.send_control(from, &node, ControlMessage::Send { to: pid }, Some(message));
             }
-            Dest::Name(name) => self.deliver_to_name(&name, message),
+            Dest::Name(name) => self.deliver(Local::Name(&name), Signal::Message(message)),
             Dest::Remote { name, node } if node == self.name() => {
-                self.deliver_to_name(&name, message)
+                self.deliver(Local::Name(&name), Signal::Message(message))
             }
             Dest::Remote { name, node } => self.send_control(
                 from,
@@ -386,266 +343,6 @@ impl Node {
         self.inner.busy_wait.busy_threads()
     }
 
-    pub(crate) fn deliver(&self, pid: &Pid, signal: Signal) {
-        if pid.creation != self.creation() {
-            return; // a pid from an earlier run of this node name
-        }
-        if let Some(entry) = self.state().processes.get(&local_key(pid)) {
-            // Before the send: once the message is in, its receiver may stop waiting for it.
-            probe::delivered(pid);
-            let _ = entry.mailbox.send(signal);
-        }
-    }
-
-    fn deliver_to_name(&self, name: &str, message: Term) {
-        let state = self.state();
-        if let Some(entry) = state
-            .names
-            .get(name)
-            .and_then(|pid| state.processes.get(&local_key(pid)))
-        {
-            let _ = entry.mailbox.send(Signal::Message(message));
-        }
-    }
-
-    /// Resolves a local pid or registered name to a live process key.
-    pub(crate) fn resolve_local(state: &State, creation: u32, target: &ProcRef) -> Option<u32> {
-        let key = match target {
-            ProcRef::Pid(pid) if pid.creation == creation => local_key(pid),
-            ProcRef::Pid(_) => return None,
-            ProcRef::Name(name) => local_key(state.names.get(&name.name)?),
-        };
-        state.processes.contains_key(&key).then_some(key)
-    }
-
-    pub(crate) fn monitor(&self, owner: &Pid, target: Dest) -> Reference {
-        let reference = self.make_ref();
-        let node = target.node(self.name()).to_string();
-        if node == self.name() {
-            let target_ref = target.proc_ref();
-            let mut state = self.state();
-            let object = target.to_term(self.name());
-            match Self::resolve_local(&state, self.creation(), &target_ref) {
-                Some(key) => state
-                    .processes
-                    .get_mut(&key)
-                    .expect("resolved")
-                    .watchers
-                    .push(process::Watcher {
-                        reference: reference.clone(),
-                        pid: owner.clone(),
-                        object,
-                    }),
-                None => {
-                    drop(state);
-                    self.deliver(
-                        owner,
-                        Signal::Down {
-                            reference: reference.clone(),
-                            object,
-                            reason: atom("noproc"),
-                        },
-                    );
-                }
-            }
-            return reference;
-        }
-        let to = target.proc_ref();
-        self.state().remote_monitors.insert(
-            ref_key(&reference),
-            RemoteMonitor {
-                owner: owner.clone(),
-                target,
-                reference: reference.clone(),
-            },
-        );
-        self.send_control(
-            owner,
-            &node,
-            ControlMessage::MonitorP {
-                from: owner.clone(),
-                to,
-                reference: reference.clone(),
-            },
-            None,
-        );
-        reference
-    }
-
-    pub(crate) fn demonitor(&self, owner: &Pid, reference: &Reference) {
-        let mut state = self.state();
-        if let Some(m) = state.remote_monitors.remove(&ref_key(reference)) {
-            drop(state);
-            let node = m.target.node(self.name()).to_string();
-            let to = m.target.proc_ref();
-            self.send_control(
-                owner,
-                &node,
-                ControlMessage::DemonitorP {
-                    from: owner.clone(),
-                    to,
-                    reference: reference.clone(),
-                },
-                None,
-            );
-            return;
-        }
-        for entry in state.processes.values_mut() {
-            entry.watchers.retain(|w| &w.reference != reference);
-        }
-    }
-
-    /// Fires a remote monitor held by one of our processes (MONITOR_P_EXIT or connection loss).
-    pub(crate) fn fire_remote_monitor(&self, reference: &Reference, reason: Term) {
-        let Some(m) = self.state().remote_monitors.remove(&ref_key(reference)) else {
-            return;
-        };
-        let object = m.target.to_term(self.name());
-        self.deliver(
-            &m.owner,
-            Signal::Down {
-                reference: reference.clone(),
-                object,
-                reason,
-            },
-        );
-    }
-
-    /// Removes a local process and fires its monitors and links with `reason`.
-    pub(crate) fn terminate(&self, pid: &Pid, reason: Term) {
-        let mut state = self.state();
-        let Some(entry) = state.processes.remove(&local_key(pid)) else {
-            return;
-        };
-        if let Some(name) = &entry.name {
-            state.names.remove(name);
-        }
-        // Monitors this process held: remote ones are cancelled at the peer, local ones dropped.
-        let held: Vec<RemoteMonitor> = state
-            .remote_monitors
-            .extract_if(|_, m| &m.owner == pid)
-            .map(|(_, m)| m)
-            .collect();
-        for other in state.processes.values_mut() {
-            other.watchers.retain(|w| &w.pid != pid);
-            other.links.retain(|l| l != pid);
-        }
-        drop(state);
-
-        for RemoteMonitor {
-            target, reference, ..
-        } in held
-        {
-            let node = target.node(self.name()).to_string();
-            let to = target.proc_ref();
-            self.send_control(
-                pid,
-                &node,
-                ControlMessage::DemonitorP {
-                    from: pid.clone(),
-                    to,
-                    reference,
-                },
-                None,
-            );
-        }
-        for w in entry.watchers {
-            if self.is_local(&w.pid) {
-                self.deliver(
-                    &w.pid,
-                    Signal::Down {
-                        reference: w.reference,
-                        object: w.object,
-                        reason: reason.clone(),
-                    },
-                );
-            } else {
-                let from = match &w.object {
-                    Term::Pid(p) => ProcRef::Pid(p.clone()),
-                    // A monitor by name is answered with the name (the caller sees `{name, node}`).
-                    Term::Tuple(t) => match &t.elements[0] {
-                        Term::Atom(a) => ProcRef::Name(a.clone()),
-                        _ => ProcRef::Pid(pid.clone()),
-                    },
-                    _ => ProcRef::Pid(pid.clone()),
-                };
-                let node = w.pid.node.name.clone();
-                self.send_control(
-                    pid,
-                    &node,
-                    ControlMessage::MonitorPExit {
-                        from,
-                        to: w.pid,
-                        reference: w.reference,
-                        reason: Some(reason.clone()),
-                    },
-                    None,
-                );
-            }
-        }
-        for linked in entry.links {
-            if self.is_local(&linked) {
-                self.deliver(
-                    &linked,
-                    Signal::Exit {
-                        from: pid.clone(),
-                        reason: reason.clone(),
-                        linked: true,
-                    },
-                );
-            } else {
-                let node = linked.node.name.clone();
-                self.send_control(
-                    pid,
-                    &node,
-                    ControlMessage::Exit {
-                        from: pid.clone(),
-                        to: linked,
-                        reason: Some(reason.clone()),
-                    },
-                    None,
-                );
-            }
-        }
-    }
-
-    /// Connection to `node` is gone: purge monitors and links that went through it and tell our
-    /// processes, as the BEAM does on nodedown.
-    pub(crate) fn node_down(&self, node: &str) {
-        let mut state = self.state();
-        let mut exits = Vec::new();
-        for entry in state.processes.values_mut() {
-            entry.watchers.retain(|w| w.pid.node.name != node);
-            entry.links.retain(|l| {
-                let gone = l.node.name == node;
-                if gone {
-                    exits.push((entry.pid.clone(), l.clone()));
-                }
-                !gone
-            });
-        }
-        let fired: Vec<Reference> = state
-            .remote_monitors
-            .values()
-            .filter(|m| m.target.node(&self.inner.name.name) == node)
-            .map(|m| m.reference.clone())
-            .collect();
-        drop(state);
-        for (local, remote) in exits {
-            self.deliver(
-                &local,
-                Signal::Exit {
-                    from: remote,
-                    reason: atom("noconnection"),
-                    linked: true,
-                },
-            );
-        }
-        for reference in fired {
-            self.fire_remote_monitor(&reference, atom("noconnection"));
-        }
-    }
-
     /// Unregisters from EPMD and closes every connection (peers see nodedown at once).
     pub async fn shutdown(&self) {
         self.inner
@@ -654,7 +351,7 @@ impl Node {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         self.inner.shutdown.cancel();
-        let peers: Vec<Arc<peers::Peer>> = self.state().peers.drain().map(|(_, p)| p).collect();
+        let peers: Vec<Arc<peers::Peer>> = self.peers().drain().map(|(_, p)| p).collect();
         for peer in &peers {
             peer.close();
         }
@@ -662,11 +359,6 @@ impl Node {
             peer.closed().await;
         }
     }
-}
-
-/// Key of a local pid in the process table.
-fn local_key(pid: &Pid) -> u32 {
-    pid.id | (pid.serial << 15)
 }
 
 async fn bind(config: &NodeConfig) -> Result<TcpListener, StartError> {

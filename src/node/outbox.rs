@@ -1,10 +1,11 @@
 //! The sending side of one peer's connection, shared by every thread that sends to that peer.
 //!
-//! A message is encoded by the thread that sends it. If the connection is established and its
-//! writer task has nothing in hand, the sender writes the frame to the socket itself, with one
-//! non-blocking `write`: no other thread is woken, which on the callback path (an XLA thread
+//! A message is encoded by the thread that sends it. If the connection is established over plain
+//! TCP and its writer task has nothing in hand, the sender writes the frame to the socket itself,
+//! with one non-blocking `write`: no other thread is woken, which on the callback path (an XLA thread
 //! sending a request, then its run's reply) saves a cross-thread wake-up each way. Otherwise the
-//! frame goes to the writer task's queue, which batches, fragments and waits for the socket.
+//! frame goes to the writer task's queue, which batches, fragments and waits for the socket. Over
+//! TLS every frame goes through the writer task, which alone holds the TLS session's writing half.
 //!
 //! Frames must never interleave on the stream, and one sender's messages must stay in order. Both
 //! follow from one rule: a sender writes directly only while `pending` (frames handed to the
@@ -42,9 +43,9 @@ pub struct Outbox {
 }
 
 struct State {
-    /// The established connection's socket and whether it uses the `131 'D'` header format;
-    /// `None` while dialling and after the connection ended.
-    link: Option<(Arc<OwnedWriteHalf>, bool)>,
+    /// The established connection's socket (`None` over TLS: no direct writes) and whether it
+    /// uses the `131 'D'` header format; `None` while dialling and after the connection ended.
+    link: Option<(Option<Arc<OwnedWriteHalf>>, bool)>,
     /// Frames handed to the writer task and not yet written.
     pending: usize,
 }
@@ -87,9 +88,9 @@ impl Outbox {
             Encoded::Frame(frame) => frame,
         };
         let state = self.lock();
-        if state.pending > 0 || state.link.is_none() {
+        let Some(socket) = socket.filter(|_| state.pending == 0 && state.link.is_some()) else {
             return self.hand_over(state, Outgoing::Frame { sender, frame });
-        }
+        };
         let slices: Vec<IoSlice> = frame.iter().map(|c| IoSlice::new(c)).collect();
         let total: usize = frame.iter().map(Bytes::len).sum();
         match socket.as_ref().as_ref().try_write_vectored(&slices) {
@@ -111,8 +112,8 @@ impl Outbox {
         let _ = self.queue.send(out);
     }
 
-    /// The writer task: the connection is up; senders may write to `socket` directly.
-    pub(crate) fn attach(&self, socket: Arc<OwnedWriteHalf>, header_format: bool) {
+    /// The writer task: the connection is up; senders may write to `socket` directly, if given.
+    pub(crate) fn attach(&self, socket: Option<Arc<OwnedWriteHalf>>, header_format: bool) {
         self.lock().link = Some((socket, header_format));
     }
 

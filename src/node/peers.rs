@@ -8,12 +8,17 @@
 //!   greater: their connection takes our slot, our dial then gets `nok`) or `nok` (ours wins);
 //! - they connect while we hold an established connection: we answer `alive`; if they insist
 //!   (`strue`), the old connection is closed first.
+//!
+//! With TLS distribution, both directions speak TLS from the first byte: a dialled connection's
+//! TLS handshake comes before the distribution handshake, inside the same setup time, and so does
+//! an accepted one's. A peer that fails it is refused with one log line naming its address.
 
 use super::connection;
 use super::control::ControlMessage;
 use super::epmd;
 use super::handshake::{self, HandshakeError, PeerInfo, Status};
 use super::outbox::{Outbox, Outgoing};
+use super::stream::DistStream;
 use super::Node;
 use eetf::{Pid, Term};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,16 +90,16 @@ impl Peer {
 
 /// The slot for `name`, dialling it if no connection exists or is under way.
 pub fn peer_for(node: &Node, name: &str) -> Arc<Peer> {
-    let mut state = node.state();
-    if let Some(peer) = state.peers.get(name) {
+    let mut peers = node.peers();
+    if let Some(peer) = peers.get(name) {
         return peer.clone();
     }
     let peer = Peer::new(name, true);
     if node.shutdown_token().is_cancelled() {
         return peer; // never connected: whatever is queued is dropped
     }
-    state.peers.insert(name.to_string(), peer.clone());
-    drop(state);
+    peers.insert(name.to_string(), peer.clone());
+    drop(peers);
     node.runtime().spawn(dial(node.clone(), peer.clone()));
     peer
 }
@@ -102,10 +107,19 @@ pub fn peer_for(node: &Node, name: &str) -> Arc<Peer> {
 async fn dial(node: Node, peer: Arc<Peer>) {
     let attempt = async {
         let addr = epmd::lookup(&peer.name).await.map_err(|e| e.to_string())?;
-        let mut stream = TcpStream::connect(addr)
+        let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
-        stream.set_nodelay(true).ok();
+        tcp.set_nodelay(true).ok();
+        let mut stream = match node.tls() {
+            None => DistStream::Tcp(tcp),
+            Some(tls) => {
+                let host = peer.name.split_once('@').map_or("", |(_, host)| host);
+                tls.connect(tcp, host)
+                    .await
+                    .map_err(|e| format!("{addr}: {e}"))?
+            }
+        };
         let info = handshake::client(&mut stream, node.identity(), &peer.name)
             .await
             .map_err(|e| e.to_string())?;
@@ -128,7 +142,7 @@ async fn dial(node: Node, peer: Arc<Peer>) {
 }
 
 /// Runs an established connection in `peer`'s slot until it ends, then cleans up.
-async fn attach(node: Node, peer: Arc<Peer>, stream: TcpStream, info: PeerInfo) {
+async fn attach(node: Node, peer: Arc<Peer>, stream: DistStream, info: PeerInfo) {
     let Some(queue) = peer.take_queue() else {
         return; // another connection to this node won; dropping the stream closes ours
     };
@@ -151,15 +165,12 @@ async fn attach(node: Node, peer: Arc<Peer>, stream: TcpStream, info: PeerInfo) 
 
 /// Removes `peer` from the table (if it is still the slot there) and purges what went through it.
 fn release(node: &Node, peer: &Arc<Peer>) {
-    let mut state = node.state();
-    let current = state
-        .peers
-        .get(&peer.name)
-        .is_some_and(|p| Arc::ptr_eq(p, peer));
+    let mut peers = node.peers();
+    let current = peers.get(&peer.name).is_some_and(|p| Arc::ptr_eq(p, peer));
     if current {
-        state.peers.remove(&peer.name);
+        peers.remove(&peer.name);
     }
-    drop(state);
+    drop(peers);
     if current {
         node.node_down(&peer.name);
     }
@@ -184,24 +195,36 @@ pub async fn accept_loop(node: Node, listener: TcpListener) {
     }
 }
 
-async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
-    stream.set_nodelay(true).ok();
-    let info =
-        match tokio::time::timeout(SETUP_TIME, handshake::server_recv_name(&mut stream)).await {
-            Ok(Ok(info)) => info,
-            Ok(Err(e)) => return tracing::warn!(%addr, "handshake aborted: {e}"),
-            Err(_) => return tracing::warn!(%addr, "handshake timed out"),
+async fn accept(node: Node, tcp: TcpStream, addr: std::net::SocketAddr) {
+    tcp.set_nodelay(true).ok();
+    let receive_name = async {
+        let mut stream = match node.tls() {
+            Some(tls) => tls.accept(tcp).await?,
+            None => {
+                refuse_tls_on_plain(&tcp).await?;
+                DistStream::Tcp(tcp)
+            }
         };
+        let info = handshake::server_recv_name(&mut stream)
+            .await
+            .map_err(|e| format!("handshake aborted: {e}"))?;
+        Ok::<_, String>((stream, info))
+    };
+    let (mut stream, info) = match tokio::time::timeout(SETUP_TIME, receive_name).await {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(e)) => return tracing::warn!(%addr, "connection refused: {e}"),
+        Err(_) => return tracing::warn!(%addr, "handshake timed out"),
+    };
     if info.name == node.name() {
         return tracing::warn!(%addr, "peer claims our own name {}", info.name);
     }
 
     let (status, slot) = {
-        let mut state = node.state();
-        match state.peers.get(&info.name).cloned() {
+        let mut peers = node.peers();
+        match peers.get(&info.name).cloned() {
             None => {
                 let peer = Peer::new(&info.name, false);
-                state.peers.insert(info.name.clone(), peer.clone());
+                peers.insert(info.name.clone(), peer.clone());
                 (Status::Ok, Some(peer))
             }
             Some(existing) if existing.is_up() => (Status::Alive, Some(existing)),
@@ -255,9 +278,24 @@ async fn accept(node: Node, mut stream: TcpStream, addr: std::net::SocketAddr) {
     }
 }
 
+/// On a plain-TCP node, a peer whose first byte opens a TLS handshake record is told apart from
+/// a broken one (without this it would wait out the setup time on a length it misread).
+async fn refuse_tls_on_plain(tcp: &TcpStream) -> Result<(), String> {
+    const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await {
+        Ok(1) if first[0] == TLS_HANDSHAKE_RECORD => Err(
+            "the peer speaks TLS (inet_tls) and this node plain TCP (start it with --proto-dist \
+             inet_tls)"
+                .to_string(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn peer_slot_for_inbound(node: &Node, name: &str) -> Arc<Peer> {
-    let mut state = node.state();
+    let mut peers = node.peers();
     let peer = Peer::new(name, false);
-    state.peers.insert(name.to_string(), peer.clone());
+    peers.insert(name.to_string(), peer.clone());
     peer
 }

@@ -1,12 +1,15 @@
-//! Processes of this node: a pid, a mailbox and the monitors and links other processes hold on
-//! it. The `:xla` server, `net_kernel` and every callback waiting for a reply are such processes, so
-//! the cluster sees them as ordinary Erlang processes: they can be called, monitored and linked.
+//! Processes of this node as the code that plays them sees them: a pid, a mailbox of
+//! [`Signal`]s, and [`Dest`]inations to send to and monitor (the node's own record of them, with
+//! their names, monitors and links, is the process table in `process_table.rs`). The `:xla`
+//! server, `net_kernel` and every callback waiting for a reply are such processes, so the cluster
+//! sees them as ordinary Erlang processes: they can be called, monitored and linked.
 //!
 //! A [`Process`] is a handle owned by whatever code plays that process. Dropping it terminates the
 //! process with reason `normal`; [`Process::exit`] picks the reason. Termination fires the monitors
 //! (`:DOWN` / MONITOR_P_EXIT) and links (EXIT) that peers placed on it.
 
 use super::control::ProcRef;
+use super::process_table::Local;
 use super::term::{atom, tuple};
 use super::Node;
 use eetf::{Pid, Reference, Term};
@@ -96,6 +99,14 @@ impl Dest {
         }
     }
 
+    /// The destination as the process table looks it up, once it is known to be on this node.
+    pub(crate) fn local(&self) -> Local<'_> {
+        match self {
+            Dest::Pid(p) => Local::Pid(p),
+            Dest::Name(name) | Dest::Remote { name, .. } => Local::Name(name),
+        }
+    }
+
     /// The destination as a term (as it appears in `:DOWN` messages and error texts).
     pub fn to_term(&self, local: &str) -> Term {
         match self {
@@ -104,23 +115,6 @@ impl Dest {
             Dest::Remote { name, node } => tuple(vec![atom(name), atom(node)]),
         }
     }
-}
-
-/// Bookkeeping the node keeps for each live local process.
-pub(super) struct Entry {
-    pub pid: Pid,
-    pub mailbox: mpsc::UnboundedSender<Signal>,
-    pub name: Option<String>,
-    /// Monitors held on this process: reference, watcher, and how the watcher named it.
-    pub watchers: Vec<Watcher>,
-    pub links: Vec<Pid>,
-}
-
-pub(super) struct Watcher {
-    pub reference: Reference,
-    pub pid: Pid,
-    /// The pid or `{name, node}`-as-name the monitor was set on: MONITOR_P_EXIT echoes it back.
-    pub object: Term,
 }
 
 /// A live process of this node. Dropping it terminates the process with reason `normal`.

@@ -340,7 +340,9 @@ pub async fn read_into<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::frame::{decode_stream, encode_message, FrameDecoder, MAX_MESSAGE_SIZE};
+    use crate::node::frame::{
+        decode_stream, encode_message, FrameDecoder, DEFAULT_MAX_MESSAGE_SIZE,
+    };
     use crate::node::term::{atom, binary, int, list, tuple};
     use eetf::{ImproperList, Map, Pid};
     use std::collections::HashMap;
@@ -798,10 +800,10 @@ mod tests {
         decoder.decode(&frames[0]).unwrap();
         assert!(decoder.continuation(3, 0, 1).is_err());
         assert!(decoder.continuation(4, 3, 1).is_err());
-        // More than MAX_MESSAGE_SIZE in all is refused before any of it is read.
+        // More than the largest message in all is refused before any of it is read.
         assert!(matches!(
-            decoder.continuation(3, 4, MAX_MESSAGE_SIZE),
-            Err(FrameError::TooLarge)
+            decoder.continuation(3, 4, DEFAULT_MAX_MESSAGE_SIZE),
+            Err(FrameError::TooLarge { .. })
         ));
     }
 

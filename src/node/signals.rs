@@ -2,169 +2,163 @@
 //! monitor or link, or pass an exit signal to a process. Mirrors the BEAM's behaviour where a
 //! peer can observe it: a monitor of a process that is not there is answered at once with
 //! `noproc`, as is a link to one (EXIT `noproc`), and UNLINK_ID is acknowledged.
+//!
+//! One function per control message, named as in the Erlang documentation ("Protocol between
+//! connected nodes") and in `erl_dist`'s `message` module; each finds its local process through
+//! the process table's one lookup.
 
-use super::control::{ControlMessage, ProcRef};
+use super::control::{ControlError, ControlMessage, ProcRef};
 use super::frame::Message;
-use super::process::{Signal, Watcher};
-use super::term::atom;
+use super::process::Signal;
+use super::process_table::{Local, Watcher};
+use super::term::{atom, list, tuple};
 use super::Node;
-use eetf::Term;
+use eetf::{Atom, Pid, Reference, Term};
 
-pub fn handle(
-    node: &Node,
-    peer: &str,
-    message: Message,
-) -> Result<(), super::control::ControlError> {
+/// Decodes the control message of `message` from `peer` and applies it.
+pub fn handle(node: &Node, peer: &str, message: Message) -> Result<(), ControlError> {
     let Message {
         control,
         mut payload,
     } = message;
     let control = ControlMessage::from_term(control, &mut payload)?;
-    let payload_or_nil = |p: Option<Term>| p.unwrap_or_else(|| super::term::list(vec![]));
+    // A SEND without a message cannot come from a BEAM; `[]` keeps the receiver's match simple.
+    let message = || payload.unwrap_or_else(|| list(vec![]));
     match control {
-        ControlMessage::Send { to } => node.deliver(&to, Signal::Message(payload_or_nil(payload))),
-        ControlMessage::RegSend { from, to_name } => node.send(
-            &from,
-            super::Dest::Name(to_name.name),
-            payload_or_nil(payload),
-        ),
-        // This node hands out no aliases, so nothing can be addressed through one.
-        ControlMessage::AliasSend { .. } => {}
-        ControlMessage::Link { from, to } => {
-            let mut state = node.state();
-            match Node::resolve_local(&state, node.creation(), &ProcRef::Pid(to.clone())) {
-                Some(key) => state
-                    .processes
-                    .get_mut(&key)
-                    .expect("resolved")
-                    .links
-                    .push(from),
-                None => {
-                    drop(state);
-                    node.send_control(
-                        &to,
-                        peer,
-                        ControlMessage::Exit {
-                            from: to.clone(),
-                            to: from,
-                            reason: Some(atom("noproc")),
-                        },
-                        None,
-                    );
-                }
-            }
-        }
-        ControlMessage::UnlinkId { id, from, to } => {
-            let mut state = node.state();
-            if let Some(key) =
-                Node::resolve_local(&state, node.creation(), &ProcRef::Pid(to.clone()))
-            {
-                state
-                    .processes
-                    .get_mut(&key)
-                    .expect("resolved")
-                    .links
-                    .retain(|l| l != &from);
-            }
-            drop(state);
-            node.send_control(
-                &to,
-                peer,
-                ControlMessage::UnlinkIdAck {
-                    id,
-                    from: to.clone(),
-                    to: from,
-                },
-                None,
-            );
-        }
-        ControlMessage::UnlinkIdAck { .. } => {}
-        ControlMessage::Exit { from, to, reason } => {
-            let mut state = node.state();
-            let linked =
-                match Node::resolve_local(&state, node.creation(), &ProcRef::Pid(to.clone())) {
-                    Some(key) => {
-                        let links = &mut state.processes.get_mut(&key).expect("resolved").links;
-                        let before = links.len();
-                        links.retain(|l| l != &from);
-                        links.len() != before
-                    }
-                    None => false,
-                };
-            drop(state);
-            if linked {
-                node.deliver(
-                    &to,
-                    Signal::Exit {
-                        from,
-                        reason: reason.unwrap_or_else(|| atom("normal")),
-                        linked: true,
-                    },
-                );
-            }
-        }
-        ControlMessage::Exit2 { from, to, reason } => node.deliver(
-            &to,
-            Signal::Exit {
-                from,
-                reason: reason.unwrap_or_else(|| atom("normal")),
-                linked: false,
-            },
-        ),
+        ControlMessage::Send { to } => send(node, &to, message()),
+        ControlMessage::RegSend { from: _, to_name } => reg_send(node, &to_name, message()),
+        ControlMessage::AliasSend { .. } => alias_send(),
+        ControlMessage::Link { from, to } => link(node, peer, from, to),
+        ControlMessage::UnlinkId { id, from, to } => unlink_id(node, peer, id, from, to),
+        ControlMessage::UnlinkIdAck { .. } => unlink_id_ack(),
+        ControlMessage::Exit { from, to, reason } => exit(node, from, &to, reason),
+        ControlMessage::Exit2 { from, to, reason } => exit2(node, from, &to, reason),
         ControlMessage::MonitorP {
             from,
             to,
             reference,
-        } => {
-            let mut state = node.state();
-            let object = match &to {
-                ProcRef::Pid(p) => Term::from(p.clone()),
-                ProcRef::Name(n) => {
-                    super::term::tuple(vec![Term::from(n.clone()), atom(node.name())])
-                }
-            };
-            match Node::resolve_local(&state, node.creation(), &to) {
-                Some(key) => state
-                    .processes
-                    .get_mut(&key)
-                    .expect("resolved")
-                    .watchers
-                    .push(Watcher {
-                        reference,
-                        pid: from,
-                        object,
-                    }),
-                None => {
-                    drop(state);
-                    let me = match &to {
-                        ProcRef::Pid(p) => p.clone(),
-                        ProcRef::Name(_) => from.clone(),
-                    };
-                    node.send_control(
-                        &me,
-                        peer,
-                        ControlMessage::MonitorPExit {
-                            from: to,
-                            to: from,
-                            reference,
-                            reason: Some(atom("noproc")),
-                        },
-                        None,
-                    );
-                }
-            }
-        }
-        ControlMessage::DemonitorP { reference, .. } => {
-            for entry in node.state().processes.values_mut() {
-                entry.watchers.retain(|w| w.reference != reference);
-            }
-        }
+        } => monitor_p(node, peer, from, to, reference),
+        ControlMessage::DemonitorP { reference, .. } => demonitor_p(node, &reference),
         ControlMessage::MonitorPExit {
             reference, reason, ..
-        } => node.fire_remote_monitor(&reference, reason.unwrap_or_else(|| atom("normal"))),
+        } => monitor_p_exit(node, &reference, reason),
         ControlMessage::Unsupported { op } => {
             tracing::debug!(%peer, op, "ignoring unsupported control message");
         }
     }
     Ok(())
+}
+
+/// An exit reason the peer left out (the tuple forms without a payload) reads as `normal`.
+fn reason_or_normal(reason: Option<Term>) -> Term {
+    reason.unwrap_or_else(|| atom("normal"))
+}
+
+/// SEND: a message to a local pid.
+fn send(node: &Node, to: &Pid, message: Term) {
+    node.deliver(Local::Pid(to), Signal::Message(message));
+}
+
+/// REG_SEND: a message to a locally registered name.
+fn reg_send(node: &Node, to_name: &Atom, message: Term) {
+    node.deliver(Local::Name(&to_name.name), Signal::Message(message));
+}
+
+/// ALIAS_SEND: this node hands out no aliases, so nothing can be addressed through one.
+fn alias_send() {}
+
+/// LINK: `from` links to our `to`; if `to` is not there, `from` gets EXIT `noproc` at once.
+fn link(node: &Node, peer: &str, from: Pid, to: Pid) {
+    if node.add_link(&to, from.clone()) {
+        return;
+    }
+    let exit = ControlMessage::Exit {
+        from: to.clone(),
+        to: from,
+        reason: Some(atom("noproc")),
+    };
+    node.send_control(&to, peer, exit, None);
+}
+
+/// UNLINK_ID: `from` unlinks from our `to`; acknowledged whether or not the link was there.
+fn unlink_id(node: &Node, peer: &str, id: Term, from: Pid, to: Pid) {
+    node.remove_link(&to, &from);
+    let ack = ControlMessage::UnlinkIdAck {
+        id,
+        from: to.clone(),
+        to: from,
+    };
+    node.send_control(&to, peer, ack, None);
+}
+
+/// UNLINK_ID_ACK: this node never unlinks from remote processes first, so there is nothing to
+/// complete.
+fn unlink_id_ack() {}
+
+/// EXIT: a process linked to our `to` ended. Delivered only if the link is still there (an
+/// unlink may have crossed it on the wire).
+fn exit(node: &Node, from: Pid, to: &Pid, reason: Option<Term>) {
+    if node.remove_link(to, &from) {
+        let signal = Signal::Exit {
+            from,
+            reason: reason_or_normal(reason),
+            linked: true,
+        };
+        node.deliver(Local::Pid(to), signal);
+    }
+}
+
+/// EXIT2: an exit signal sent with `Process.exit/2`.
+fn exit2(node: &Node, from: Pid, to: &Pid, reason: Option<Term>) {
+    let signal = Signal::Exit {
+        from,
+        reason: reason_or_normal(reason),
+        linked: false,
+    };
+    node.deliver(Local::Pid(to), signal);
+}
+
+/// MONITOR_P: `from` monitors our process `to` (a pid or a registered name); if it is not there,
+/// MONITOR_P_EXIT `noproc` answers at once.
+fn monitor_p(node: &Node, peer: &str, from: Pid, to: ProcRef, reference: Reference) {
+    // What the monitor was set on, as `:DOWN` will name it: the pid, or `{name, node}`.
+    let object = match &to {
+        ProcRef::Pid(p) => Term::from(p.clone()),
+        ProcRef::Name(n) => tuple(vec![Term::from(n.clone()), atom(node.name())]),
+    };
+    let watcher = Watcher {
+        reference,
+        pid: from,
+        object,
+    };
+    let Err(refused) = node.add_watcher(Local::from(&to), watcher) else {
+        return;
+    };
+    let Watcher {
+        reference,
+        pid: from,
+        ..
+    } = *refused;
+    // Sent in the name of the monitored pid; a name that is not registered has none.
+    let sender = match &to {
+        ProcRef::Pid(p) => p.clone(),
+        ProcRef::Name(_) => from.clone(),
+    };
+    let down = ControlMessage::MonitorPExit {
+        from: to,
+        to: from,
+        reference,
+        reason: Some(atom("noproc")),
+    };
+    node.send_control(&sender, peer, down, None);
+}
+
+/// DEMONITOR_P: a monitor a peer's process held on one of ours is gone.
+fn demonitor_p(node: &Node, reference: &Reference) {
+    node.remove_watcher(reference);
+}
+
+/// MONITOR_P_EXIT: a remote process one of ours monitors ended (or was never there).
+fn monitor_p_exit(node: &Node, reference: &Reference, reason: Option<Term>) {
+    node.fire_remote_monitor(reference, reason_or_normal(reason));
 }

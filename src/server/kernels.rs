@@ -1,18 +1,13 @@
 //! Native kernels from the operator's side: the `--kernel`, `--kernel-dir` and
-//! `--kernel-version-shim` policy, loading at start-up, and `{:load_kernel, ...}` on a running
-//! node.
+//! `--kernel-version-shim` policy, and loading at start-up.
 //!
 //! Start-up loads every `--kernel` before the node accepts connections, and any failure stops
 //! it. At run time a client may load only libraries under a directory the operator allowed with
-//! `--kernel-dir`: loading a library runs its code inside the node, so without that flag the
-//! request is refused. The loading itself (see `xla/kernel.rs`) runs on an executor thread.
+//! `--kernel-dir` (`allowed_path`, used by `load_kernel.rs`): loading a library runs its code
+//! inside the node, so without that flag the request is refused.
 
-use super::compute::Compute;
-use super::request::RequestError;
-use crate::node::gen::From;
-use crate::node::term::{atom, binary, boolean, list};
-use crate::xla::{load_kernel, loaded_kernels, Client, KernelSpec, Loaded, LoadedKernel};
-use eetf::Term;
+use super::error::RequestError;
+use crate::xla::{load_kernel, Client, KernelSpec, Loaded};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -64,7 +59,7 @@ impl VersionShim {
         }
     }
 
-    fn applies_to(&self, target: &str) -> bool {
+    pub(super) fn applies_to(&self, target: &str) -> bool {
         match self {
             VersionShim::None => false,
             VersionShim::All => true,
@@ -81,16 +76,6 @@ pub struct KernelPolicy {
     /// Where `{:load_kernel, ...}` may load libraries from (none: run-time loading refused).
     pub dirs: Vec<PathBuf>,
     pub version_shim: VersionShim,
-}
-
-/// `{:load_kernel, target, path, symbol, opts}`, parsed.
-#[derive(Debug)]
-pub struct LoadKernelRequest {
-    pub target: String,
-    pub path: PathBuf,
-    pub symbol: String,
-    /// `None`: as the node's `--kernel-version-shim` says.
-    pub version_shim: Option<bool>,
 }
 
 /// Loads the start-up kernels; the first failure is the error that stops the node.
@@ -119,7 +104,7 @@ pub fn load_at_start(client: &Client, policy: &KernelPolicy) -> anyhow::Result<(
 
 /// Where a run-time load may read `path` from: inside one of the allowed directories (a
 /// relative path is taken relative to each in turn), after resolving links and `..`.
-fn allowed_path(dirs: &[PathBuf], path: &Path) -> Result<PathBuf, RequestError> {
+pub(super) fn allowed_path(dirs: &[PathBuf], path: &Path) -> Result<PathBuf, RequestError> {
     if dirs.is_empty() {
         return Err(RequestError::Kernel(
             "loading kernels at run time is disabled: start the node with --kernel-dir DIR to \
@@ -157,58 +142,6 @@ fn allowed_path(dirs: &[PathBuf], path: &Path) -> Result<PathBuf, RequestError> 
         "no such library: {} (allowed directories: {listed})",
         path.display()
     )))
-}
-
-impl Compute {
-    /// `{:load_kernel, target, path, symbol, opts}`: checks the path against `--kernel-dir` here,
-    /// loads on an executor thread.
-    pub fn load_kernel(&self, from: From, request: LoadKernelRequest) {
-        let library = match allowed_path(&self.kernels.dirs, &request.path) {
-            Ok(library) => library,
-            Err(e) => return self.reply(&from, e.to_reply()),
-        };
-        let spec = KernelSpec {
-            version_shim: request
-                .version_shim
-                .unwrap_or_else(|| self.kernels.version_shim.applies_to(&request.target)),
-            target: request.target,
-            library,
-            symbol: request.symbol,
-        };
-        let this = self.clone();
-        self.scheduler.spawn(Box::new(move || {
-            let result = load_kernel(this.executor.client(), &spec);
-            if let Ok(Loaded::New(k)) = &result {
-                tracing::info!(target = %k.target, library = %k.library.display(), symbol = %k.symbol, shimmed = k.shimmed, "kernel loaded at run time");
-            }
-            let reply = match result {
-                Ok(_) => atom("ok"),
-                Err(e) => RequestError::Kernel(e.to_string()).to_reply(),
-            };
-            this.reply(&from, reply);
-        }));
-    }
-}
-
-/// `:info`'s `kernels` entry: one map per loaded kernel.
-pub fn info() -> Term {
-    list(loaded_kernels().iter().map(kernel_term).collect())
-}
-
-fn kernel_term(k: &LoadedKernel) -> Term {
-    super::map(vec![
-        ("target", binary(k.target.as_bytes().to_vec())),
-        (
-            "library",
-            binary(k.library.display().to_string().into_bytes()),
-        ),
-        ("symbol", binary(k.symbol.as_bytes().to_vec())),
-        (
-            "ffi_version",
-            binary(format!("{}.{}", k.ffi_version.0, k.ffi_version.1).into_bytes()),
-        ),
-        ("shimmed", boolean(k.shimmed)),
-    ])
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! | a run beyond [`MAX_RUNS`], or a run that calls back beyond [`MAX_CALLING_BACK`] | the node's queue, in arrival order; `:info` counts it in `runs_queued` | XLA's CPU client holds 32 computations in flight per device and blocks the next `Execute`; below that bound no thread ever waits inside XLA for a place, and runs without callbacks always find one of the places runs that call back cannot take |
 //! | an admitted run, before `Execute` | the [`Gate`], on its executor thread | XLA's CPU client executes queued computations one after another, client-wide; a run that calls back must not hold that line while it waits for a reply |
 //! | a queued run still waiting after its `queue_timeout` | answered `{:error, {:timeout, text}}` | a run never hangs; the timer is the runtime's, which never waits on XLA |
-//! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most ([`ReplyPolling`]: a parked thread takes ~30 µs to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
+//! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread takes ~30 µs to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
 //!
 //! Every run counts from admission until its reply is sent, which is after XLA is done with it,
 //! so the node's count of runs in flight is never below XLA's: an admitted `Execute` never waits
@@ -22,7 +22,6 @@
 
 use crate::xla::{Executor, Job};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -387,69 +386,5 @@ impl CallingBackRun {
 impl Drop for CallingBackRun {
     fn drop(&mut self) {
         self.finished();
-    }
-}
-
-/// How a thread waiting for a callback's reply waits: it polls its mailbox for a while, yielding
-/// the CPU between polls, then parks.
-///
-/// A reply from a live process usually arrives within a few hundred microseconds. Parking the
-/// thread costs a futex wake-up by the network task that delivers the reply and the scheduler's
-/// delay before the thread runs again, about 30 µs on a virtual machine whose idle vCPUs halt.
-/// Polling is bounded in time (`--callback-spin-us`, and only for targets that usually answer
-/// within it) and in threads (half the CPUs, the node's busy-wait thread included while it is
-/// busy), so a crowd of waiting runs cannot take the CPUs from the network tasks.
-pub struct ReplyPolling {
-    spin: Duration,
-    /// Threads keeping a CPU busy now (pollers and the node's busy-wait thread).
-    spinning: Arc<AtomicUsize>,
-    max_spinning: usize,
-}
-
-impl ReplyPolling {
-    /// `spinning` counts the threads that keep a CPU busy (the node's busy-wait thread counts
-    /// itself there).
-    pub fn new(spin: Duration, spinning: Arc<AtomicUsize>) -> ReplyPolling {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ReplyPolling {
-            spin,
-            spinning,
-            max_spinning: (cpus / 2).max(1),
-        }
-    }
-
-    /// How long to poll for the reply of a target that typically answers in `typical`: polling
-    /// pays off only for a target that usually answers within the window.
-    pub fn window(&self, typical: Option<Duration>) -> Duration {
-        match typical {
-            Some(typical) if typical > self.spin => Duration::ZERO,
-            _ => self.spin,
-        }
-    }
-
-    /// A polling place, if one of the few is free; dropping it gives the place back.
-    pub fn place(&self) -> Option<Claim> {
-        Claim::new(&self.spinning, self.max_spinning)
-    }
-}
-
-/// A place among a bounded number, counted in an atomic. Claiming is one atomic add; dropping
-/// the claim gives the place back, also when the holder panics.
-pub struct Claim(Arc<AtomicUsize>);
-
-impl Claim {
-    /// Claims a place, or returns `None` when `max` are taken.
-    fn new(counter: &Arc<AtomicUsize>, max: usize) -> Option<Claim> {
-        if counter.fetch_add(1, Ordering::Relaxed) >= max {
-            counter.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Claim(counter.clone()))
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -20,9 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use super::client::{slice_or_empty, Client};
-use super::dtype::{element_count, DType, TensorSpec};
+use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
 use super::sys::*;
+use super::tensor::HostTensor;
 
 /// A buffer on a device of a [`Client`].
 pub struct Buffer {
@@ -192,6 +193,15 @@ impl Buffer {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// The buffer's contents as a host tensor (see [`Buffer::to_host`]).
+    pub fn to_host_tensor(&self) -> Result<HostTensor, XlaError> {
+        Ok(HostTensor::new(
+            self.dtype(),
+            self.dims().to_vec(),
+            self.to_host()?,
+        ))
+    }
+
     /// Copies the buffer to a dense row-major host array.
     pub fn to_host(&self) -> Result<Vec<u8>, XlaError> {
         self.await_ready()?;
@@ -318,16 +328,4 @@ impl Buffer {
         api.await_and_destroy(a.event).map_err(XlaError::Runtime)?;
         Ok(v)
     }
-}
-
-/// Checks that `len` bytes is the dense size of `dims` × `dtype`.
-pub fn check_byte_size(dtype: DType, dims: &[i64], len: usize) -> Result<(), XlaError> {
-    let expected = element_count(dims) * dtype.byte_size();
-    if expected != len {
-        return Err(XlaError::Argument(format!(
-            "{} needs {expected} bytes, got {len} bytes",
-            TensorSpec::new(dtype, dims.to_vec())
-        )));
-    }
-    Ok(())
 }

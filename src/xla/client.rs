@@ -2,8 +2,7 @@
 //!
 //! [`Api`] wraps the `PJRT_Api` function table of a dynamically loaded plugin
 //! (e.g. the XLA CPU plugin `xla_cpu_pjrt.so`). Loading checks the table size
-//! and version, runs `PJRT_Plugin_Initialize` once and reads the plugin
-//! attributes. A plugin is loaded at most once per process (a process-wide
+//! and version and runs `PJRT_Plugin_Initialize` once. A plugin is loaded at most once per process (a process-wide
 //! table keyed by path) and is never unloaded: XLA keeps threads and static
 //! state alive, and `dlclose` on it is not safe.
 //!
@@ -22,35 +21,12 @@ use std::sync::{Arc, Mutex};
 use super::error::XlaError;
 use super::sys::*;
 
-/// A plugin attribute value (`PJRT_NamedValue`).
-#[derive(Debug, Clone, PartialEq)]
-pub enum PluginAttr {
-    Str(String),
-    Int(i64),
-    IntList(Vec<i64>),
-    Float(f32),
-    Bool(bool),
-}
-
-impl fmt::Display for PluginAttr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PluginAttr::Str(s) => f.write_str(s),
-            PluginAttr::Int(i) => write!(f, "{i}"),
-            PluginAttr::IntList(l) => write!(f, "{l:?}"),
-            PluginAttr::Float(x) => write!(f, "{x}"),
-            PluginAttr::Bool(b) => write!(f, "{b}"),
-        }
-    }
-}
-
 pub(crate) struct ApiInner {
     /// Kept alive (never unloaded) so that `raw` stays valid.
     _lib: ManuallyDrop<libloading::Library>,
     raw: *const PJRT_Api,
     path: PathBuf,
     version: (i32, i32),
-    attributes: Vec<(String, PluginAttr)>,
 }
 
 // SAFETY: `raw` points to the plugin's immutable, process-lifetime function
@@ -118,34 +94,22 @@ impl Api {
                 "PJRT_Api struct too small: {size} bytes, need {PJRT_API_STRUCT_SIZE} (API {major}.{minor})"
             )));
         }
-        let mut inner = ApiInner {
+        let inner = ApiInner {
             _lib: ManuallyDrop::new(lib),
             raw,
             path: path.to_path_buf(),
             version: (major, minor),
-            attributes: Vec::new(),
         };
         let mut init = PJRT_Plugin_Initialize_Args::new();
         // SAFETY: correct argument struct for PJRT_Plugin_Initialize.
         unsafe { inner.call(inner.fns().PJRT_Plugin_Initialize, &mut init) }
             .map_err(|e| XlaError::Plugin(format!("PJRT_Plugin_Initialize: {e}")))?;
-        inner.attributes = inner.read_attributes()?;
         Ok(Api(Arc::new(inner)))
     }
 
     /// PJRT C API version implemented by the plugin.
     pub fn version(&self) -> (i32, i32) {
         self.0.version
-    }
-
-    /// Plugin attributes (`xla_version`, `stablehlo_current_version`, ...).
-    pub fn plugin_attributes(&self) -> &[(String, PluginAttr)] {
-        &self.0.attributes
-    }
-
-    /// Path the plugin was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.0.path
     }
 }
 
@@ -251,44 +215,6 @@ impl ApiInner {
         if let Err(e) = unsafe { self.call(self.fns().PJRT_Event_Destroy, &mut d) } {
             tracing::warn!("PJRT_Event_Destroy failed: {e}");
         }
-    }
-
-    fn read_attributes(&self) -> Result<Vec<(String, PluginAttr)>, XlaError> {
-        let mut a = PJRT_Plugin_Attributes_Args::new();
-        // SAFETY: matching argument struct.
-        if let Err(e) = unsafe { self.call(self.fns().PJRT_Plugin_Attributes, &mut a) } {
-            tracing::debug!("PJRT_Plugin_Attributes unavailable: {e}");
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::new();
-        for i in 0..a.num_attributes {
-            // SAFETY: the plugin returned `num_attributes` named values with
-            // process lifetime; each is read according to its type tag.
-            let (name, value) = unsafe {
-                let nv = &*a.attributes.add(i);
-                let name = str_from(nv.name, nv.name_size);
-                let value = match nv.type_ {
-                    PJRT_NAMED_VALUE_STRING => {
-                        PluginAttr::Str(str_from(nv.value as usize as *const c_char, nv.value_size))
-                    }
-                    PJRT_NAMED_VALUE_INT64 => PluginAttr::Int(nv.value as i64),
-                    PJRT_NAMED_VALUE_INT64_LIST => {
-                        let p = nv.value as usize as *const i64;
-                        PluginAttr::IntList(if p.is_null() {
-                            Vec::new()
-                        } else {
-                            std::slice::from_raw_parts(p, nv.value_size).to_vec()
-                        })
-                    }
-                    PJRT_NAMED_VALUE_FLOAT => PluginAttr::Float(f32::from_bits(nv.value as u32)),
-                    PJRT_NAMED_VALUE_BOOL => PluginAttr::Bool(nv.value as u8 != 0),
-                    other => PluginAttr::Str(format!("<unknown attribute type {other}>")),
-                };
-                (name, value)
-            };
-            out.push((name, value));
-        }
-        Ok(out)
     }
 }
 
@@ -463,11 +389,6 @@ impl Client {
     /// All devices of the client.
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.0.devices.clone()
-    }
-
-    /// Plugin attributes.
-    pub fn plugin_attributes(&self) -> &[(String, PluginAttr)] {
-        self.0.api.plugin_attributes()
     }
 
     /// The plugin this client was created from.

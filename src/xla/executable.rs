@@ -2,24 +2,25 @@
 //!
 //! [`Client::compile`] takes StableHLO/MLIR as text or bytecode (PJRT program
 //! format `"mlir"`) and returns an [`Executable`] that knows its parameter and
-//! output types. [`Executable::execute`] validates arguments against those
-//! types *before* calling into XLA (XLA CHECK-fails abort the process), runs
-//! on the client's first addressable device, waits for completion and checks
-//! every place an execution error can surface: Execute's return value, the
-//! device completion event and, except on CPU where the completion event
-//! defines them, each output's ready event. Multi-result programs come back
-//! untupled, one [`Buffer`] per result.
+//! output types. Running one goes through [`Run`](super::Run), which checks the
+//! arguments against those types *before* anything reaches XLA (XLA CHECK-fails
+//! abort the process); the run itself (here) executes on the client's first
+//! addressable device, waits for completion and checks every place an
+//! execution error can surface: Execute's return value, the device completion
+//! event and, except on CPU where the completion event defines them, each
+//! output's ready event. Multi-result programs come back untupled, one
+//! [`Buffer`] per result.
 //!
-//! [`Executable::run`] takes host arrays and device buffers alike. On the CPU
-//! platform, small host arguments are copied into input buffers that the
-//! executable keeps from run to run: creating a PJRT buffer costs more than the
-//! whole of a tiny program's execution.
+//! Arguments are host arrays and device buffers alike. On the CPU platform,
+//! small host arguments are copied into input buffers that the executable
+//! keeps from run to run: creating a PJRT buffer costs more than the whole of a
+//! tiny program's execution.
 
 #![allow(unsafe_code)]
 
 use std::ffi::c_char;
 use std::fmt;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::buffer::Buffer;
 use super::client::{slice_or_empty, str_from, Client};
@@ -27,6 +28,7 @@ use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
 use super::signature;
 use super::sys::*;
+use super::tensor::HostTensor;
 
 /// Compile options (serialized to an `xla.CompileOptionsProto`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -75,22 +77,12 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 /// MLIR bytecode magic.
 const MLIR_BYTECODE_MAGIC: &[u8] = b"ML\xefR";
 
-/// Where the parameter types of an executable came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParameterSource {
-    /// Parsed from the `@main` signature of MLIR text.
-    MlirText,
-    /// Decoded from the optimized HLO module (`PJRT_Executable_OptimizedProgram`).
-    OptimizedHlo,
-}
-
 /// A compiled, loaded program.
 pub struct Executable {
     client: Client,
     raw: *mut PJRT_LoadedExecutable,
     parameters: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
-    parameter_source: ParameterSource,
     non_donatable: Vec<i64>,
     /// Whether each output's memory is the dense row-major array itself (its
     /// layout is fixed at compile time), learned from the first run on CPU.
@@ -103,18 +95,17 @@ pub struct Executable {
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
 
+/// An argument of a run: a host array, copied to the device for the run, or a buffer already
+/// there.
+#[derive(Debug, Clone)]
+pub enum Argument {
+    Host(HostTensor),
+    Device(Arc<Buffer>),
+}
+
 /// Sets of reused input buffers an executable keeps (runs beyond this many at
 /// once create and drop their own).
 const STAGING_MAX_SETS: usize = 4;
-
-/// An argument of [`Executable::run`].
-#[derive(Debug, Clone, Copy)]
-pub enum Input<'a> {
-    /// A dense row-major host array, copied to the device for the run.
-    Host(&'a HostTensor),
-    /// A buffer already on the device.
-    Device(&'a Buffer),
-}
 
 // SAFETY: PJRT loaded executables may be executed concurrently from any
 // thread; the Rust side holds only immutable data after construction.
@@ -151,7 +142,7 @@ impl Client {
     }
 
     /// Compiles MLIR (StableHLO) text or bytecode.
-    pub fn compile_with_options(
+    pub(super) fn compile_with_options(
         &self,
         program: &[u8],
         options: &CompileOptions,
@@ -184,19 +175,15 @@ impl Client {
             raw: c.executable,
             parameters: Vec::new(),
             outputs: Vec::new(),
-            parameter_source: ParameterSource::MlirText,
             non_donatable: Vec::new(),
             outputs_direct: OnceLock::new(),
             staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
-        match text.and_then(signature::mlir_main_parameters) {
-            Some(p) => exe.parameters = p,
-            None => {
-                exe.parameters = exe.hlo_parameters()?;
-                exe.parameter_source = ParameterSource::OptimizedHlo;
-            }
-        }
+        exe.parameters = match text.and_then(signature::mlir_main_parameters) {
+            Some(p) => p,
+            None => exe.hlo_parameters()?,
+        };
         exe.non_donatable = (0..exe.parameters.len() as i64).collect();
         Ok(exe)
     }
@@ -246,19 +233,10 @@ impl Executable {
         &self.parameters
     }
 
-    /// Output types, in order (untupled).
-    pub fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
-    }
-
-    /// How the parameter types were obtained.
-    pub fn parameter_source(&self) -> ParameterSource {
-        self.parameter_source
-    }
-
-    /// The client this executable belongs to.
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// Whether `buffer` lives on this executable's client (a buffer of another client cannot
+    /// be an argument).
+    pub(super) fn owns(&self, buffer: &Buffer) -> bool {
+        buffer.client().same_client(&self.client)
     }
 
     fn view(&self) -> Result<ExecutableView<'_>, XlaError> {
@@ -323,7 +301,7 @@ impl Executable {
 
     /// Parameter types decoded from the optimized HLO module (works for text
     /// and bytecode programs; used when the MLIR text cannot be parsed).
-    pub fn hlo_parameters(&self) -> Result<Vec<TensorSpec>, XlaError> {
+    fn hlo_parameters(&self) -> Result<Vec<TensorSpec>, XlaError> {
         let api = self.client.inner().api();
         let view = self.view()?;
         let mut prog = PJRT_Program::new();
@@ -350,51 +328,18 @@ impl Executable {
         })
     }
 
-    /// Checks `args` against the parameter types.
-    pub fn validate(&self, args: &[&Buffer]) -> Result<(), XlaError> {
-        if args.len() != self.parameters.len() {
-            return Err(XlaError::Argument(format!(
-                "expected {} arguments, got {}",
-                self.parameters.len(),
-                args.len()
-            )));
-        }
-        for (i, (arg, p)) in args.iter().zip(&self.parameters).enumerate() {
-            if !arg.client().same_client(&self.client) {
-                return Err(XlaError::Argument(format!(
-                    "argument {i}: buffer belongs to another client"
-                )));
-            }
-            if arg.spec() != p {
-                return Err(XlaError::Argument(format!(
-                    "argument {i}: expected {p} ({} bytes), got {} ({} bytes)",
-                    p.byte_size(),
-                    arg.spec(),
-                    arg.byte_size()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs the program on device 0 and waits for it; returns one buffer per
-    /// result. Errors raised during the run (including by host custom-call
-    /// handlers) come back as [`XlaError::Runtime`] with XLA's text.
-    pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>, XlaError> {
-        self.execute_observed(args, &mut |_| {})
-    }
-
-    /// [`Executable::execute`], calling `launched` once `Execute` has returned, before the
-    /// results are awaited, with whether the program had already completed: XLA's CPU client
-    /// runs a small program on the calling thread, within `Execute`, and queues a larger one
-    /// (or one submitted while an earlier one is still queued) for its own threads, where it
-    /// runs after every computation queued before it.
-    fn execute_observed(
+    /// Executes with `args` on device 0 and waits for it; returns one buffer per result.
+    /// Errors raised during the run (including by host custom-call handlers) come back as
+    /// [`XlaError::Runtime`] with XLA's text. Calls `launched` once `Execute` has returned,
+    /// before the results are awaited, with whether the program had already completed: XLA's
+    /// CPU client runs a small program on the calling thread, within `Execute`, and queues a
+    /// larger one (or one submitted while an earlier one is still queued) for its own threads,
+    /// where it runs after every computation queued before it.
+    fn execute(
         &self,
         args: &[&Buffer],
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        self.validate(args)?;
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let arg_lists: [*const *mut PJRT_Buffer; 1] = [arg_ptrs.as_ptr()];
@@ -414,9 +359,9 @@ impl Executable {
         e.num_args = arg_ptrs.len();
         e.output_lists = out_lists.as_ptr();
         e.device_complete_events = complete.as_mut_ptr();
-        // SAFETY: matching args; argument buffers were validated against the
-        // signature (count, dtype, dims, client) and are borrowed for the
-        // whole call; the output array has room for every output; all arrays
+        // SAFETY: matching args; argument buffers were checked against the
+        // signature (count, dtype, dims, client: see `Run::new`) and are
+        // borrowed for the whole call; the output array has room for every output; all arrays
         // outlive the call.
         let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
         launched(executed.is_err() || api.event_is_ready(complete[0]));
@@ -462,129 +407,72 @@ impl Executable {
         Ok(outputs)
     }
 
-    /// Runs the program on device 0 with host arrays and device buffers as
-    /// arguments, and waits for it. Host arrays are checked against the
-    /// parameters (type, dimensions, byte size) before anything reaches XLA.
-    pub fn run(&self, inputs: &[Input<'_>]) -> Result<Vec<Buffer>, XlaError> {
-        self.run_observed(inputs, &mut |_| {})
-    }
-
-    /// [`Executable::run`], calling `launched` once `Execute` has returned, before the results
-    /// are awaited, with whether the program had already completed (it executed on the calling
-    /// thread) or XLA queued it for its own threads. Not called when the arguments are refused
-    /// before `Execute`.
-    pub fn run_observed(
+    /// Runs the program with `args`, which [`Run::new`](super::Run::new) checked against its
+    /// parameters; `launched` as in [`Executable::execute`].
+    pub(super) fn run_checked(
         &self,
-        inputs: &[Input<'_>],
+        args: &[Argument],
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        if inputs.len() != self.parameters.len() {
-            return Err(XlaError::Argument(format!(
-                "expected {} arguments, got {}",
-                self.parameters.len(),
-                inputs.len()
-            )));
-        }
-        let mut host_bytes = 0;
-        for (i, (input, p)) in inputs.iter().zip(&self.parameters).enumerate() {
-            if let Input::Host(t) = input {
-                if t.dtype != p.dtype || t.dims != p.dims || t.data.len() != p.byte_size() {
-                    return Err(XlaError::Argument(format!(
-                        "argument {i}: expected {p} ({} bytes), got {} ({} bytes)",
-                        p.byte_size(),
-                        t.spec(),
-                        t.data.len()
-                    )));
-                }
-                host_bytes += t.data.len();
-            }
-        }
+        let host_bytes: usize = args
+            .iter()
+            .map(|arg| match arg {
+                Argument::Host(t) => t.data.len(),
+                Argument::Device(_) => 0,
+            })
+            .sum();
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
             let taken = self.staging.lock().expect("staging lock").pop();
-            let mut set = taken.unwrap_or_else(|| inputs.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, inputs, launched);
+            let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
+            let result = self.run_staged(&mut set, args, launched);
             let mut pool = self.staging.lock().expect("staging lock");
             if pool.len() < STAGING_MAX_SETS {
                 pool.push(set);
             }
             return result;
         }
-        let uploaded = inputs
+        let uploaded = args
             .iter()
-            .map(|input| match input {
-                Input::Host(t) => self
+            .map(|arg| match arg {
+                Argument::Host(t) => self
                     .client
                     .buffer_from_host(&t.data, t.dtype, &t.dims)
                     .map(Some),
-                Input::Device(_) => Ok(None),
+                Argument::Device(_) => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.execute_observed(&Self::argument_buffers(inputs, &uploaded), launched)
+        self.execute(&Self::argument_buffers(args, &uploaded), launched)
     }
 
-    /// [`Executable::run`] with host arguments copied into `set`'s buffers;
-    /// a slot is filled by a fresh upload the first time, or when its buffer
-    /// cannot be written directly.
+    /// [`Executable::run_checked`] with host arguments copied into `set`'s
+    /// buffers; a slot is filled by a fresh upload the first time, or when its
+    /// buffer cannot be written directly.
     fn run_staged(
         &self,
         set: &mut [Option<Buffer>],
-        inputs: &[Input<'_>],
+        args: &[Argument],
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        for (slot, input) in set.iter_mut().zip(inputs) {
-            if let Input::Host(t) = input {
+        for (slot, arg) in set.iter_mut().zip(args) {
+            if let Argument::Host(t) = arg {
                 let refilled = slot.as_mut().is_some_and(|b| b.overwrite(&t.data));
                 if !refilled {
                     *slot = Some(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
                 }
             }
         }
-        self.execute_observed(&Self::argument_buffers(inputs, set), launched)
+        self.execute(&Self::argument_buffers(args, set), launched)
     }
 
     /// The buffers to execute with: device arguments as given, host arguments
     /// from `host` (same positions).
-    fn argument_buffers<'a>(inputs: &[Input<'a>], host: &'a [Option<Buffer>]) -> Vec<&'a Buffer> {
-        inputs
-            .iter()
+    fn argument_buffers<'a>(args: &'a [Argument], host: &'a [Option<Buffer>]) -> Vec<&'a Buffer> {
+        args.iter()
             .zip(host)
-            .map(|(input, uploaded)| match input {
-                Input::Host(_) => uploaded.as_ref().expect("one buffer per host argument"),
-                Input::Device(b) => *b,
+            .map(|(arg, uploaded)| match arg {
+                Argument::Host(_) => uploaded.as_ref().expect("one buffer per host argument"),
+                Argument::Device(b) => b,
             })
             .collect()
-    }
-
-    /// Uploads host arrays, runs, and downloads the results.
-    pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, XlaError> {
-        let inputs: Vec<Input<'_>> = inputs.iter().map(Input::Host).collect();
-        self.run(&inputs)?
-            .iter()
-            .map(|b| {
-                Ok(HostTensor {
-                    dtype: b.dtype(),
-                    dims: b.dims().to_vec(),
-                    data: b.to_host()?,
-                })
-            })
-            .collect()
-    }
-}
-
-/// A dense row-major tensor in host memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostTensor {
-    pub dtype: DType,
-    pub dims: Vec<i64>,
-    pub data: Vec<u8>,
-}
-
-impl HostTensor {
-    pub fn new(dtype: DType, dims: Vec<i64>, data: Vec<u8>) -> Self {
-        HostTensor { dtype, dims, data }
-    }
-
-    pub fn spec(&self) -> TensorSpec {
-        TensorSpec::new(self.dtype, self.dims.clone())
     }
 }

@@ -9,10 +9,9 @@
 //! to finish wins the cache slot); that only costs time.
 //!
 //! Worker pool: an elastic pool of std threads sharing one FIFO queue. It
-//! keeps `core_workers` (default `max(2, cores)`) threads alive and, whenever
-//! a job is queued while no worker is idle, starts another thread, up to
-//! `max_workers` (default 256); extra threads exit after `idle_timeout`
-//! without work. A run therefore never waits behind another run unless
+//! keeps `max(2, cores)` threads alive and, whenever a job is queued while no
+//! worker is idle, starts another thread, up to 256; extra threads exit after
+//! 30 s without work. A run therefore never waits behind another run unless
 //! `max_workers` runs are in flight at once: a 2-second program (or a host
 //! callback blocked on the network) occupies one thread while 100 tiny runs
 //! proceed on the others. Threads, not a fixed-size pool, because XLA
@@ -25,32 +24,31 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
 
 use super::client::Client;
 use super::error::XlaError;
-use super::executable::{CompileOptions, Executable, HostTensor};
+use super::executable::{CompileOptions, Executable};
 
 /// A unit of work for the pool.
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// Pool sizing.
 #[derive(Debug, Clone)]
-pub struct ExecutorConfig {
+struct PoolConfig {
     /// Threads kept alive even when idle.
-    pub core_workers: usize,
+    core_workers: usize,
     /// Upper bound on threads.
-    pub max_workers: usize,
+    max_workers: usize,
     /// How long an extra (non-core) thread waits for work before exiting.
-    pub idle_timeout: Duration,
+    idle_timeout: Duration,
 }
 
-impl Default for ExecutorConfig {
+impl Default for PoolConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
-        ExecutorConfig {
+        PoolConfig {
             core_workers: cores.max(2),
             max_workers: 256,
             idle_timeout: Duration::from_secs(30),
@@ -65,12 +63,6 @@ pub struct ExecutorStats {
     pub compiles: u64,
     /// Compile requests served from the cache.
     pub cache_hits: u64,
-    /// Compile requests that failed.
-    pub compile_errors: u64,
-    /// Runs started through [`Executor::run`] / [`Executor::run_blocking`].
-    pub runs: u64,
-    /// Runs that returned an error.
-    pub run_errors: u64,
     /// Executables in the cache.
     pub cached: usize,
     /// Worker threads alive.
@@ -86,9 +78,6 @@ struct Inner {
     cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
     compiles: AtomicU64,
     cache_hits: AtomicU64,
-    compile_errors: AtomicU64,
-    runs: AtomicU64,
-    run_errors: AtomicU64,
     pool: Arc<Pool>,
 }
 
@@ -113,24 +102,15 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
-    /// Creates an executor with the default pool configuration.
+    /// An executor for `client`, with its worker pool.
     pub fn new(client: Client) -> Executor {
-        Executor::with_config(client, ExecutorConfig::default())
-    }
-
-    /// Creates an executor with an explicit pool configuration.
-    pub fn with_config(client: Client, config: ExecutorConfig) -> Executor {
-        let pool = Pool::new(config);
         Executor {
             inner: Arc::new(Inner {
                 client,
                 cache: Mutex::new(HashMap::new()),
                 compiles: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
-                compile_errors: AtomicU64::new(0),
-                runs: AtomicU64::new(0),
-                run_errors: AtomicU64::new(0),
-                pool,
+                pool: Pool::new(PoolConfig::default()),
             }),
         }
     }
@@ -141,18 +121,10 @@ impl Executor {
     }
 
     /// Compiles (or fetches from the cache) a program with default options.
-    /// Returns the executable and whether it came from the cache. Blocking:
-    /// from async code use [`Executor::compile_async`].
+    /// Returns the executable and whether it came from the cache. Blocking: it
+    /// belongs on the pool ([`Executor::submit`]).
     pub fn compile(&self, program: Vec<u8>) -> Result<(Arc<Executable>, bool), XlaError> {
-        self.compile_with_options(program, &CompileOptions::default())
-    }
-
-    /// Like [`Executor::compile`] with explicit options (part of the key).
-    pub fn compile_with_options(
-        &self,
-        program: Vec<u8>,
-        options: &CompileOptions,
-    ) -> Result<(Arc<Executable>, bool), XlaError> {
+        let options = CompileOptions::default();
         let opts = options.to_proto();
         let mut hasher = Sha256::new();
         hasher.update((opts.len() as u64).to_le_bytes());
@@ -163,78 +135,20 @@ impl Executor {
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((exe.clone(), true));
         }
-        let exe = match self.inner.client.compile_with_options(&program, options) {
-            Ok(e) => Arc::new(e),
-            Err(e) => {
-                self.inner.compile_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e);
-            }
-        };
+        let exe = Arc::new(self.inner.client.compile_with_options(&program, &options)?);
         self.inner.compiles.fetch_add(1, Ordering::Relaxed);
         let mut cache = self.lock_cache();
         let exe = cache.entry(key).or_insert(exe).clone();
         Ok((exe, false))
     }
 
-    /// Compiles on the pool; the receiver yields the result.
-    pub fn compile_async(
-        &self,
-        program: Vec<u8>,
-    ) -> oneshot::Receiver<Result<(Arc<Executable>, bool), XlaError>> {
-        let this = self.clone();
-        self.spawn(move || this.compile(program))
-    }
-
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Arc<Executable>>> {
         self.inner.cache.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Drops all cached executables.
-    pub fn clear_cache(&self) {
-        self.lock_cache().clear();
     }
 
     /// Queues a job on the pool (never blocks).
     pub fn submit(&self, job: Job) {
         self.inner.pool.submit(job);
-    }
-
-    /// Runs `f` on the pool; the receiver yields its result (or is closed if
-    /// `f` panicked).
-    pub fn spawn<R, F>(&self, f: F) -> oneshot::Receiver<R>
-    where
-        R: Send + 'static,
-        F: FnOnce() -> R + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Box::new(move || {
-            let _ = tx.send(f());
-        }));
-        rx
-    }
-
-    /// Uploads `inputs`, runs `exe`, downloads the results; on the pool.
-    pub fn run(
-        &self,
-        exe: Arc<Executable>,
-        inputs: Vec<HostTensor>,
-    ) -> oneshot::Receiver<Result<Vec<HostTensor>, XlaError>> {
-        let this = self.clone();
-        self.spawn(move || this.run_blocking(&exe, &inputs))
-    }
-
-    /// Same as [`Executor::run`] on the calling thread.
-    pub fn run_blocking(
-        &self,
-        exe: &Executable,
-        inputs: &[HostTensor],
-    ) -> Result<Vec<HostTensor>, XlaError> {
-        self.inner.runs.fetch_add(1, Ordering::Relaxed);
-        let r = exe.execute_host(inputs);
-        if r.is_err() {
-            self.inner.run_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        r
     }
 
     /// Current counters.
@@ -243,9 +157,6 @@ impl Executor {
         ExecutorStats {
             compiles: self.inner.compiles.load(Ordering::Relaxed),
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
-            compile_errors: self.inner.compile_errors.load(Ordering::Relaxed),
-            runs: self.inner.runs.load(Ordering::Relaxed),
-            run_errors: self.inner.run_errors.load(Ordering::Relaxed),
             cached: self.lock_cache().len(),
             workers,
             queued,
@@ -265,12 +176,12 @@ struct PoolState {
 struct Pool {
     state: Mutex<PoolState>,
     cv: Condvar,
-    config: ExecutorConfig,
+    config: PoolConfig,
 }
 
 impl Pool {
-    fn new(config: ExecutorConfig) -> Arc<Pool> {
-        let config = ExecutorConfig {
+    fn new(config: PoolConfig) -> Arc<Pool> {
+        let config = PoolConfig {
             core_workers: config.core_workers.max(1),
             max_workers: config.max_workers.max(config.core_workers.max(1)),
             idle_timeout: config.idle_timeout,

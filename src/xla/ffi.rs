@@ -430,16 +430,6 @@ impl CallFrame<'_> {
         usize::try_from(list.size).unwrap_or(0)
     }
 
-    /// Number of operands.
-    pub fn num_args(&self) -> usize {
-        Self::list_len(&self.frame().args)
-    }
-
-    /// Number of results.
-    pub fn num_rets(&self) -> usize {
-        Self::list_len(&self.frame().rets)
-    }
-
     /// Operands (non-buffer operands, e.g. tokens, are skipped).
     pub fn args(&self) -> Vec<TensorRef<'_>> {
         let list = &self.frame().args;
@@ -523,15 +513,6 @@ impl CallFrame<'_> {
                 dims: t.dims,
             })
             .collect())
-    }
-
-    /// Attribute names, in XLA's (sorted) order.
-    pub fn attr_names(&self) -> Vec<String> {
-        let a = &self.frame().attrs;
-        (0..usize::try_from(a.size).unwrap_or(0))
-            // SAFETY: `i < size`; `names` has `size` valid byte spans.
-            .map(|i| unsafe { span_to_string(*a.names.add(i)) })
-            .collect()
     }
 
     /// Looks up an attribute by name.

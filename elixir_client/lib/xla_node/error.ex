@@ -16,6 +16,8 @@ defmodule XlaNode.Error do
     * `:message` - a human readable message (a binary).
     * `:reason` - the raw reason: the exit reason for call errors, the `{kind, message}` term the
       node sent otherwise.
+    * `:node` - the compute node the error is about, where one is known: the node that went down
+      (`:nodedown`), or the node of an `XlaNode.Pool` that answered with the error; else `nil`.
 
   `Exception.message/1` puts the kind in front of the message:
 
@@ -35,9 +37,9 @@ defmodule XlaNode.Error do
           | :bad_reply
           | atom()
 
-  @type t :: %__MODULE__{kind: kind(), message: String.t(), reason: term()}
+  @type t :: %__MODULE__{kind: kind(), message: String.t(), reason: term(), node: node() | nil}
 
-  defexception kind: :runtime_error, message: "", reason: nil
+  defexception kind: :runtime_error, message: "", reason: nil, node: nil
 
   @impl true
   def message(%__MODULE__{kind: kind, message: message}), do: "#{kind}: #{message}"
@@ -87,7 +89,8 @@ defmodule XlaNode.Error do
         %__MODULE__{
           kind: :nodedown,
           message: "node #{inspect(node)} is down or unreachable",
-          reason: reason
+          reason: reason,
+          node: node
         }
 
       :nodedown ->

@@ -19,7 +19,10 @@ defmodule XlaNode.Compiler do
 
   ## Options
 
-    * `:node` - the compute node (required)
+    * `:node` - the compute node (required), or an `XlaNode.Pool` (its name or pid) that spreads
+      the runs over several nodes and re-sends a run elsewhere when its node goes down; with
+      `Nx.Serving`'s `partitions: true`, a pool gives one partition per node, so that batches
+      run on the nodes side by side
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds or
       `:infinity` (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
@@ -48,8 +51,16 @@ defmodule XlaNode.Compiler do
   alias XlaNode.Backend.Transfer
   alias XlaNode.Compiler.{Cache, Lower, Options}
 
+  # One partition per node of a pool, so that a serving's batches run on the nodes side by side.
   @impl true
-  def __partitions_options__(opts), do: [Options.validate!(opts)]
+  def __partitions_options__(opts) do
+    opts = Options.validate!(opts)
+    node = Keyword.get(opts, :node)
+
+    if XlaNode.Pool.pool?(node),
+      do: List.duplicate(opts, max(length(XlaNode.Pool.nodes(node)), 1)),
+      else: [opts]
+  end
 
   @impl true
   def __to_backend__(opts) do
@@ -102,7 +113,9 @@ defmodule XlaNode.Compiler do
   # arguments. The expression `fun` returns stays in this process: what the cache keeps, and the
   # returned function captures (Nx.Serving runs it in other processes), are templates, the
   # executable and the callbacks' functions.
-  def program({_, _, node} = cache_key, vars, fun, opts, info) do
+  def program({key, templates, node}, vars, fun, opts, info) do
+    cache_key = {key, templates, cache_node(node)}
+
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
 
@@ -182,12 +195,22 @@ defmodule XlaNode.Compiler do
 
   defp node!(opts) do
     case Keyword.fetch(opts, :node) do
+      {:ok, pid} when is_pid(pid) ->
+        if XlaNode.Pool.pool?(pid),
+          do: pid,
+          else: raise(ArgumentError, "XlaNode.Compiler: #{inspect(pid)} is not an XlaNode.Pool")
+
       {:ok, node} ->
         node
 
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
     end
+  end
+
+  # A pool's programs live as long as its process: a pool restarted under the same name has none.
+  defp cache_node(node) do
+    if XlaNode.Pool.pool?(node), do: {XlaNode.Pool, GenServer.whereis(node)}, else: node
   end
 
   # The traced expression, devectorized for lowering, and the templates of the result: its

@@ -70,7 +70,10 @@ defmodule XlaNode.Harness do
 
   @doc "Where `scripts/kernels.sh` installs JAX (for PYTHONPATH)."
   def jax_path do
-    base = System.get_env("XDG_DATA_HOME") || Path.join(System.user_home() || "/nonexistent", ".local/share")
+    base =
+      System.get_env("XDG_DATA_HOME") ||
+        Path.join(System.user_home() || "/nonexistent", ".local/share")
+
     Path.join(base, "xla_node/jax")
   end
 
@@ -150,6 +153,8 @@ defmodule XlaNode.Harness do
     * `:pjrt_plugin` - plugin path (default `plugin_path/0`; `false` passes none)
     * `:args` - extra command-line arguments
     * `:env` - extra environment, `[{"VAR", "value" | false}]` (`false` unsets)
+    * `:stderr_file` - write the node's stderr (its log) to this file, as a shell's `2>file`
+      does, instead of collecting it (`log/1` then holds only its stdout)
     * `:timeout` - how long to wait for the epmd registration and for `:xla` (default 30 s)
     * `:wait_ready` - after epmd, wait until `:xla` answers `:ping` through a throwaway raw
       connection (default true; its nodeup/nodedown lines name `ready_probeN@host`)
@@ -211,12 +216,14 @@ defmodule XlaNode.Harness do
         if(opts[:home], do: [{"HOME", opts[:home]}], else: []) ++
         Keyword.get(opts, :env, [])
 
-    env = for {k, v} <- env, do: {String.to_charlist(k), if(v, do: String.to_charlist(v), else: false)}
+    env =
+      for {k, v} <- env,
+          do: {String.to_charlist(k), if(v, do: String.to_charlist(v), else: false)}
 
     # A node of the same name that just stopped may still be in epmd for a moment.
     eventually(fn -> not epmd_registered?(alive_name) end, 2_000)
 
-    {:ok, owner} = GenServer.start(NodeProc, {bin, args, env})
+    {:ok, owner} = GenServer.start(NodeProc, {bin, args, env, opts[:stderr_file]})
     os_pid = GenServer.call(owner, :os_pid)
     port = GenServer.call(owner, :port)
     register_os_pid(os_pid)
@@ -237,7 +244,8 @@ defmodule XlaNode.Harness do
 
     with {:ok, dist_port} <- wait_epmd(node, timeout),
          node = %{node | dist_port: dist_port},
-         :ok <- if(Keyword.get(opts, :wait_ready, true), do: wait_ready(node, opts, timeout), else: :ok) do
+         :ok <-
+           if(Keyword.get(opts, :wait_ready, true), do: wait_ready(node, opts, timeout), else: :ok) do
       node
     else
       {:error, why} ->
@@ -310,7 +318,7 @@ defmodule XlaNode.Harness do
     end
   end
 
-  @doc "Everything the node wrote to stderr (and stdout) so far, without ANSI colour codes."
+  @doc "Everything the node wrote to stderr (and stdout) so far, exactly as it wrote it."
   def log(%{owner: owner}), do: GenServer.call(owner, :log)
 
   @doc "The log as a list of lines."
@@ -608,16 +616,24 @@ defmodule XlaNode.Harness.NodeProc do
   use GenServer
 
   @impl true
-  def init({bin, args, env}) do
+  def init({bin, args, env, stderr_file}) do
+    port_opts = [:binary, :exit_status, :use_stdio, env: env]
+
     port =
-      Port.open({:spawn_executable, bin}, [
-        :binary,
-        :exit_status,
-        :stderr_to_stdout,
-        :use_stdio,
-        args: args,
-        env: env
-      ])
+      case stderr_file do
+        nil ->
+          Port.open({:spawn_executable, bin}, [:stderr_to_stdout, args: args] ++ port_opts)
+
+        path ->
+          # `exec`: the shell becomes the node, so the port's OS pid is the node's.
+          redirect = ~S(log="$1"; shift; exec "$0" "$@" 2>"$log")
+          sh = System.find_executable("sh")
+
+          Port.open(
+            {:spawn_executable, sh},
+            [args: ["-c", redirect, bin, path | args]] ++ port_opts
+          )
+      end
 
     {:os_pid, os_pid} = Port.info(port, :os_pid)
     {:ok, %{port: port, os_pid: os_pid, log: [], status: nil, waiters: []}}
@@ -626,11 +642,10 @@ defmodule XlaNode.Harness.NodeProc do
   @impl true
   def handle_call(:os_pid, _from, s), do: {:reply, s.os_pid, s}
   def handle_call(:port, _from, s), do: {:reply, s.port, s}
-  def handle_call(:log, _from, s) do
-    log = s.log |> Enum.reverse() |> IO.iodata_to_binary()
-    # Colour codes (tracing's default on some terminals) would split words tests look for.
-    {:reply, String.replace(log, ~r/\e\[[0-9;]*m/, ""), s}
-  end
+
+  def handle_call(:log, _from, s),
+    do: {:reply, s.log |> Enum.reverse() |> IO.iodata_to_binary(), s}
+
   def handle_call(:exit_status, _from, s), do: {:reply, s.status, s}
 
   def handle_call({:await_exit, timeout}, from, s) do
@@ -644,7 +659,8 @@ defmodule XlaNode.Harness.NodeProc do
   end
 
   @impl true
-  def handle_info({port, {:data, data}}, %{port: port} = s), do: {:noreply, %{s | log: [data | s.log]}}
+  def handle_info({port, {:data, data}}, %{port: port} = s),
+    do: {:noreply, %{s | log: [data | s.log]}}
 
   def handle_info({port, {:exit_status, status}}, %{port: port} = s) do
     for {_, from} <- s.waiters, do: GenServer.reply(from, {:ok, status})

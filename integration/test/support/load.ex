@@ -49,6 +49,17 @@ defmodule XlaNode.Load do
     end)
   end
 
+  @doc "`main(x: f32[4]) = x + 1` as MLIR text: the program of `{:tiny, exe}` requests."
+  def plus_one_program do
+    """
+    func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+      %y = stablehlo.add %x, %one : tensor<4xf32>
+      return %y : tensor<4xf32>
+    }
+    """
+  end
+
   @doc "Each f32 of `bin` plus one."
   def plus_one(bin), do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>)
 

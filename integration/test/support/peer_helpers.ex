@@ -153,4 +153,29 @@ defmodule XlaNode.PeerHelpers do
 
     results
   end
+
+  @doc """
+  Compiles `mlir` on `node` and runs it with `args` and `opts`, from the calling process (an
+  executable lives as long as the process that compiled it, so a compile made through one
+  `:peer.call` cannot be run from another). Returns the run's reply, or `{:compile, error}`.
+  """
+  def compile_and_run(node, mlir, args, opts \\ []) do
+    case call({:xla, node}, {:compile, mlir}, 60_000) do
+      {:ok, {:ok, exe}} ->
+        with {:ok, reply} <- call({:xla, node}, {:run, exe, args, opts}, 30_000), do: reply
+
+      other ->
+        {:compile, other}
+    end
+  end
+
+  @doc """
+  Compiles x + 1 on f32[4] (`XlaNode.Load.plus_one_program/0`) on `node`, then keeps `clients`
+  processes running it for `ms` milliseconds (`XlaNode.Load.run_clients/4`); returns Load's
+  summary.
+  """
+  def keep_running(node, clients, ms) do
+    {:ok, {:ok, exe}} = call({:xla, node}, {:compile, XlaNode.Load.plus_one_program()}, 60_000)
+    XlaNode.Load.run_clients(node, clients, ms, [{:tiny, exe}])
+  end
 end

@@ -128,6 +128,32 @@ defmodule XlaNode.Harness.RawDist do
     <<112, :erlang.term_to_binary(control)::binary, payload::binary>>
   end
 
+  @doc """
+  The frame bodies of one message sent in fragments of `size` bytes, as a node with
+  DFLAG_FRAGMENTS sends it: `131 'E' Seq:64 Id:64 0` then `131 'F' Seq:64 Id:64`, ids counting
+  down to 1, carrying the control and payload terms without version bytes.
+  """
+  def fragments(control, payload, size, seq \\ 1) do
+    <<131, control::binary>> = :erlang.term_to_binary(control)
+    <<131, payload::binary>> = :erlang.term_to_binary(payload)
+    chunks = chunk(control <> payload, size)
+    count = length(chunks)
+
+    chunks
+    |> Enum.with_index()
+    |> Enum.map(fn
+      {data, 0} -> <<131, ?E, seq::64, count::64, 0, data::binary>>
+      {data, i} -> <<131, ?F, seq::64, count - i::64, data::binary>>
+    end)
+  end
+
+  defp chunk(bin, size) when byte_size(bin) <= size, do: [bin]
+
+  defp chunk(bin, size) do
+    <<part::binary-size(size), rest::binary>> = bin
+    [part | chunk(rest, size)]
+  end
+
   @doc "REG_SEND `message` to the registered name `to` on the node."
   def reg_send(conn, to, message) do
     send_frame(conn, pass_through({6, pid(conn), :"", to}, message))

@@ -46,7 +46,8 @@ defmodule XlaNode.Compiler.Cache do
 
   @doc """
   Compiles `text` on `node` and stores `%{exe: exe}` merged with `extra` under `key`; returns
-  the entry, or raises the compile error.
+  the entry, or raises the compile error. Callers asking for the same key while it compiles wait
+  for that one compile; other keys compile at the same time.
   """
   def compile!(key, node, text, extra) do
     case GenServer.call(__MODULE__, {:compile, key, node, text, extra}, :infinity) do
@@ -74,28 +75,87 @@ defmodule XlaNode.Compiler.Cache do
   @impl true
   def init(nil) do
     :ets.new(@table, [:named_table, :public, read_concurrency: true])
-    :ok = :net_kernel.monitor_nodes(true)
-    {:ok, nil}
+    # Owners are linked: when this process stops, they stop and their programs are freed.
+    Process.flag(:trap_exit, true)
+    # node_type: :all, or the hidden compute nodes' disconnections would never be seen.
+    :ok = :net_kernel.monitor_nodes(true, node_type: :all)
+    {:ok, %{compiling: %{}}}
+  end
+
+  # Each program is compiled by a process of its own, which then holds it (the node frees an
+  # executable when the process that compiled it exits): a long compile, or a node that does not
+  # answer, keeps no other caller waiting. `compiling` maps an owner still compiling to its key,
+  # extra and waiting callers; an owner that holds an entry has an `{:owner, pid}` row in the table.
+  @impl true
+  def handle_call({:compile, key, node, text, extra}, from, state) do
+    case get(key) || Enum.find(state.compiling, fn {_, {k, _, _, _}} -> k == key end) do
+      nil ->
+        cache = self()
+        owner = spawn_link(fn -> own(cache, node, text) end)
+        {:noreply, put_in(state.compiling[owner], {key, node, extra, [from]})}
+
+      {owner, {key, node, extra, waiting}} ->
+        {:noreply, put_in(state.compiling[owner], {key, node, extra, [from | waiting]})}
+
+      entry ->
+        {:reply, {:ok, entry}, state}
+    end
   end
 
   @impl true
-  def handle_call({:compile, key, node, text, extra}, _from, state) do
+  def handle_info({:compiled, owner, result}, state) do
+    {{key, node, extra, waiting}, compiling} = Map.pop(state.compiling, owner)
+
     reply =
-      with {:ok, exe} <- XlaNode.compile(node, text) do
+      with {:ok, exe} <- result do
         entry = Map.put(extra, :exe, exe)
-        :ets.insert(@table, {key, entry})
+        :ets.insert(@table, [{key, entry}, {{:owner, owner}, key, node}])
         {:ok, entry}
       end
 
-    {:reply, reply, state}
+    Enum.each(waiting, &GenServer.reply(&1, reply))
+    {:noreply, %{state | compiling: compiling}}
   end
 
-  @impl true
-  def handle_info({:nodedown, node}, state) do
+  # An owner that stops takes its entry with it; one that stops while compiling fails its callers.
+  def handle_info({:EXIT, owner, reason}, state) do
+    for {_, key, _node} <- :ets.take(@table, {:owner, owner}), do: :ets.delete(@table, key)
+
+    case Map.pop(state.compiling, owner) do
+      {nil, _} ->
+        {:noreply, state}
+
+      {{_key, _node, _extra, waiting}, compiling} ->
+        error = %XlaNode.Error{kind: :exit, message: "the compile stopped: #{inspect(reason)}"}
+        Enum.each(waiting, &GenServer.reply(&1, {:error, error}))
+        {:noreply, %{state | compiling: compiling}}
+    end
+  end
+
+  # The node's programs are gone with it: entries and owners go now, before any compile for the
+  # node that comes back.
+  def handle_info({:nodedown, node, _info}, state) do
+    for [owner] <- :ets.match(@table, {{:owner, :"$1"}, :_, node}) do
+      :ets.delete(@table, {:owner, owner})
+      send(owner, :drop)
+    end
+
     :ets.match_delete(@table, {{:_, :_, node}, :_})
     :ets.delete(@table, {:node_info, node})
     {:noreply, state}
   end
 
-  def handle_info({:nodeup, _node}, state), do: {:noreply, state}
+  def handle_info({:nodeup, _node, _info}, state), do: {:noreply, state}
+
+  # A program's owner: compiles it, reports, and holds it until its node goes.
+  defp own(cache, node, text) do
+    result = XlaNode.compile(node, text)
+    send(cache, {:compiled, self(), result})
+
+    with {:ok, _exe} <- result do
+      receive do
+        :drop -> :ok
+      end
+    end
+  end
 end

@@ -43,6 +43,7 @@ defmodule XlaNode.Compiler.Options do
   end
 
   defp check!(:node, node) when is_atom(node) and node != nil, do: :ok
+  defp check!(:node, pool) when is_pid(pool), do: :ok
   defp check!(:callbacks, mode) when mode in [:inside, :split], do: :ok
   defp check!(key, :infinity) when key in [:callback_timeout, :queue_timeout, :timeout], do: :ok
   defp check!(:callback_timeout, ms) when is_integer(ms) and ms > 0, do: :ok
@@ -56,7 +57,7 @@ defmodule XlaNode.Compiler.Options do
           "XlaNode.Compiler: #{inspect(key)} must be #{expected(key)}, got #{inspect(value)}"
   end
 
-  defp expected(:node), do: "a node name (an atom)"
+  defp expected(:node), do: "a node name (an atom) or an XlaNode.Pool (its name or pid)"
   defp expected(:callbacks), do: ":inside or :split"
   defp expected(:callback_timeout), do: "a positive integer (milliseconds) or :infinity"
   defp expected(:queue_timeout), do: "a non-negative integer (milliseconds) or :infinity"

@@ -1,0 +1,232 @@
+defmodule XlaNode.Pool.Table do
+  @moduledoc false
+  # The pool's ETS table: what a caller reads to place a run and find the node's executable
+  # without asking the pool process, and the counters it updates around the run. The pool
+  # process owns the table (it goes when the pool does) and alone writes node status, programs
+  # and executables; callers write only counters, run times and their runs in flight.
+  #
+  # Rows (an ordered set, so that the runs of one caller are one range):
+  #
+  #   {:meta, pool_ref, pool_pid, label, nodes, max_attempts}
+  #   {{:node, node}, status, generation, in_flight, runs, errors, failures, retries, recent_us}
+  #   {{:program, id}, effects}
+  #   {{:exe, id, node}, exe_ref, generation, recent_us}
+  #   {{:run, caller_pid, ref}, node}      a run in flight, settled by the pool if its caller dies
+  #   {{:caller, caller_pid}}              a caller the pool monitors
+  #
+  # `generation` counts a node's comings up: an executable compiled before the node last went
+  # down belongs to a process that no longer exists.
+  #
+  # Pools are found by name or pid through `:persistent_term` (written only when a pool starts
+  # or stops), so that telling a pool from a node name costs one lookup.
+
+  @status 2
+  @generation 3
+  @in_flight 4
+  @counters %{runs: 5, errors: 6, failures: 7, retries: 8}
+  @recent 9
+
+  # Weight of the newest sample in the recent run times.
+  @recent_weight 0.25
+
+  def new,
+    do:
+      :ets.new(XlaNode.Pool, [
+        :ordered_set,
+        :public,
+        read_concurrency: true,
+        write_concurrency: true
+      ])
+
+  ## Registry
+
+  def register(keys, tab), do: Enum.each(keys, &:persistent_term.put({XlaNode.Pool, &1}, tab))
+
+  def unregister(keys, tab) do
+    for key <- keys, :persistent_term.get({XlaNode.Pool, key}, nil) == tab do
+      :persistent_term.erase({XlaNode.Pool, key})
+    end
+
+    :ok
+  end
+
+  @doc "The table of the pool registered as `server` (a name or a pid), or nil."
+  def whereis(server) when is_atom(server) or is_pid(server),
+    do: :persistent_term.get({XlaNode.Pool, server}, nil)
+
+  def whereis(_server), do: nil
+
+  ## The pool as a whole
+
+  def put_meta(tab, pool_ref, label, nodes, max_attempts),
+    do: :ets.insert(tab, {:meta, pool_ref, self(), label, nodes, max_attempts})
+
+  @doc "What a caller needs of the pool; nil when the table is gone (the pool stopped)."
+  def context(tab) do
+    [{:meta, pool_ref, pid, label, nodes, max_attempts}] = :ets.lookup(tab, :meta)
+
+    %{
+      tab: tab,
+      pool_ref: pool_ref,
+      pid: pid,
+      label: label,
+      nodes: nodes,
+      max_attempts: max_attempts
+    }
+  rescue
+    ArgumentError -> nil
+  end
+
+  @doc "The pool's nodes now (nodes may be added while a run fails over)."
+  def nodes(tab, default) do
+    case :ets.lookup(tab, :meta) do
+      [{:meta, _, _, _, nodes, _}] -> nodes
+      [] -> default
+    end
+  rescue
+    ArgumentError -> default
+  end
+
+  ## Nodes
+
+  def put_node(tab, node),
+    do: :ets.insert(tab, {{:node, node}, :connecting, 0, 0, 0, 0, 0, 0, nil})
+
+  def delete_node(tab, node) do
+    :ets.delete(tab, {:node, node})
+    delete_executables(tab, node)
+  end
+
+  def set_status(tab, node, status),
+    do: :ets.update_element(tab, {:node, node}, {@status, status})
+
+  @doc "Marks `node` up in a new generation."
+  def set_up(tab, node) do
+    :ets.update_counter(tab, {:node, node}, {@generation, 1})
+    set_status(tab, node, :up)
+  end
+
+  @doc "`%{status:, generation:, in_flight:, ...}` of `node`, or nil if the pool has no such node."
+  def node_info(tab, node) do
+    case :ets.lookup(tab, {:node, node}) do
+      [{_, status, gen, in_flight, runs, errors, failures, retries, recent}] ->
+        %{
+          status: status,
+          generation: gen,
+          in_flight: max(in_flight, 0),
+          runs: runs,
+          errors: errors,
+          failures: failures,
+          retries: retries,
+          recent_run_us: recent && round(recent)
+        }
+
+      [] ->
+        nil
+    end
+  end
+
+  @doc "`{status, generation, in_flight}` of `node`, or nil: the part placement reads."
+  def load(tab, node) do
+    case :ets.lookup(tab, {:node, node}) do
+      [{_, status, gen, in_flight, _, _, _, _, _}] -> {status, gen, max(in_flight, 0)}
+      [] -> nil
+    end
+  end
+
+  def count(tab, node, counter) do
+    :ets.update_counter(tab, {:node, node}, {Map.fetch!(@counters, counter), 1})
+    :ok
+  rescue
+    ArgumentError -> :ok
+  end
+
+  ## Runs in flight
+
+  @doc "Counts a run of the calling process on `node` as in flight; returns its key."
+  def start_run(tab, node) do
+    key = {:run, self(), make_ref()}
+    :ets.insert(tab, {key, node})
+    :ets.update_counter(tab, {:node, node}, {@in_flight, 1})
+    key
+  end
+
+  @doc "Ends a run started with `start_run/2` (once, whoever ends it: the caller or the pool)."
+  def end_run(tab, key) do
+    case :ets.take(tab, key) do
+      [{^key, node}] -> :ets.update_counter(tab, {:node, node}, {@in_flight, -1})
+      [] -> :ok
+    end
+  rescue
+    # The pool stopped meanwhile, and its table with it.
+    ArgumentError -> :ok
+  end
+
+  @doc "Ends every run of `caller` (which died)."
+  def end_runs_of(tab, caller) do
+    for [key] <- :ets.match(tab, {{:run, caller, :"$1"}, :_}) do
+      end_run(tab, {:run, caller, key})
+    end
+
+    :ets.delete(tab, {:caller, caller})
+  end
+
+  @doc "Whether the pool watches the calling process already; marks it watched if not."
+  def new_caller?(tab), do: :ets.insert_new(tab, {{:caller, self()}})
+
+  def in_flight(tab), do: :ets.select_count(tab, [{{{:run, :_, :_}, :_}, [], [true]}])
+
+  ## Programs and executables
+
+  def put_program(tab, id, effects), do: :ets.insert(tab, {{:program, id}, effects})
+
+  def program?(tab, id), do: :ets.member(tab, {:program, id})
+
+  def delete_program(tab, id) do
+    :ets.delete(tab, {:program, id})
+    :ets.match_delete(tab, {{:exe, id, :_}, :_, :_, :_})
+  end
+
+  def put_executable(tab, id, node, exe, gen),
+    do: :ets.insert(tab, {{:exe, id, node}, exe, gen, nil})
+
+  @doc "`{exe, generation, recent_us}` of program `id` on `node`, or nil."
+  def executable(tab, id, node) do
+    case :ets.lookup(tab, {:exe, id, node}) do
+      [{_, exe, gen, recent}] -> {exe, gen, recent}
+      [] -> nil
+    end
+  end
+
+  @doc "`[{id, node, exe}]` of every executable."
+  def executables(tab),
+    do:
+      for(
+        [id, n, exe] <- :ets.match(tab, {{:exe, :"$1", :"$2"}, :"$3", :_, :_}),
+        do: {id, n, exe}
+      )
+
+  @doc "`[{id, exe}]` of the executables on `node`."
+  def executables_on(tab, node),
+    do: for([id, exe] <- :ets.match(tab, {{:exe, :"$1", node}, :"$2", :_, :_}), do: {id, exe})
+
+  def delete_executables(tab, node), do: :ets.match_delete(tab, {{:exe, :_, node}, :_, :_, :_})
+
+  @doc "Records a run's wall time on `node`, for the program and the node."
+  def record_time(tab, id, node, us) do
+    with [{_, _, _, recent}] <- :ets.lookup(tab, {:exe, id, node}) do
+      :ets.update_element(tab, {:exe, id, node}, {4, blend(recent, us)})
+    end
+
+    with [row] <- :ets.lookup(tab, {:node, node}) do
+      :ets.update_element(tab, {:node, node}, {@recent, blend(elem(row, @recent - 1), us)})
+    end
+
+    :ok
+  rescue
+    ArgumentError -> :ok
+  end
+
+  defp blend(nil, us), do: us / 1
+  defp blend(recent, us), do: recent + @recent_weight * (us - recent)
+end

@@ -1,0 +1,371 @@
+defmodule XlaNode.PoolTest do
+  @moduledoc """
+  `XlaNode.Pool` over three real xla_node processes: placement, failover when a node is killed
+  in the middle of runs whose callbacks go to a process on a peer node, a node restarted under
+  the same name rejoining, every node down, buffers pinning runs, and bad input.
+  """
+  use ExUnit.Case, async: false
+
+  alias XlaNode.{Error, Harness, Pool, PoolHelpers, Tensor}
+
+  @moduletag timeout: 300_000
+
+  setup do
+    xlas = for _ <- 1..3, do: Harness.start_node()
+    names = Enum.map(xlas, & &1.name)
+    pool = :"pool_#{System.unique_integer([:positive])}"
+    start_supervised!({Pool, name: pool, nodes: names, reconnect_backoff: {50, 500}})
+    wait_until_up(pool, names)
+    %{xlas: xlas, names: names, pool: pool}
+  end
+
+  defp wait_until_up(pool, nodes) do
+    Harness.eventually(fn -> Enum.all?(nodes, &(status_of(pool, &1).status == :up)) end, 30_000) ||
+      flunk("pool nodes not up: #{inspect(Pool.status(pool).nodes)}")
+  end
+
+  defp status_of(pool, node), do: Enum.find(Pool.status(pool).nodes, &(&1.node == node))
+  defp runs_per_node(pool), do: Map.new(Pool.status(pool).nodes, &{&1.node, &1.runs})
+
+  defp s64(list), do: Tensor.from_list(list, {:s, 64})
+  defp f32(list), do: Tensor.from_list(list, {:f, 32})
+
+  # Each run waits 30 ms for a callback on this node, so that a run takes about as long on every
+  # node and the share each node gets shows placement alone. Runs of a CPU-bound program, or runs
+  # short enough for a node's scheduling hiccups on a loaded 2-core machine to matter, finish
+  # sooner on one node than on another, and the pool rightly sends more of them to the node that
+  # finishes them sooner (bench/pool.exs measures CPU-bound runs).
+  test "300 runs spread over three nodes, each within 20% of a third", %{pool: pool, names: names} do
+    {:ok, server} =
+      XlaNode.CallbackServer.start_link(%{
+        double: fn [x] ->
+          Process.sleep(30)
+          {:ok, [f32(Enum.map(Tensor.to_list(x), &(&1 * 2)))]}
+        end
+      })
+
+    exe = XlaNode.compile!(pool, PoolHelpers.doubling())
+
+    # A node compiles a program the first time a run goes there, and a fresh node takes a while
+    # over its first runs that call back; runs placed meanwhile rightly go to the others. Warm
+    # every node up first, so that the 300 runs show placement alone.
+    for node <- names, _ <- 1..2 do
+      1..10
+      |> Task.async_stream(fn _ ->
+        {:ok, _} =
+          XlaNode.run(pool, exe, [f32([0, 0, 0, 0])], node: node, callback_server: server)
+      end)
+      |> Stream.run()
+    end
+
+    before = runs_per_node(pool)
+
+    results =
+      1..300
+      |> Task.async_stream(
+        fn i -> XlaNode.run(pool, exe, [f32([i, 1, 2, 3])], callback_server: server) end,
+        max_concurrency: 15,
+        timeout: :infinity
+      )
+      |> Enum.map(fn {:ok, result} -> result end)
+
+    for {result, i} <- Enum.with_index(results, 1) do
+      assert {:ok, [y]} = result
+      assert Tensor.to_list(y) == [2 * i + 1.0, 3.0, 5.0, 7.0]
+    end
+
+    runs = Map.new(runs_per_node(pool), fn {node, runs} -> {node, runs - before[node]} end)
+    assert Enum.sum(Map.values(runs)) == 300
+
+    for node <- names do
+      assert runs[node] in 80..120,
+             "#{node} ran #{runs[node]} of 300: #{inspect(runs)} #{inspect(Pool.status(pool))}"
+    end
+
+    assert %{in_flight: 0, failures: 0, retries: 0, programs: 1} = Pool.status(pool)
+  end
+
+  test "kill -9 of a node in the middle of 200 runs: pure runs finish elsewhere, side effects " <>
+         "fail fast, no callback served twice; the node restarted rejoins",
+       %{pool: pool, xlas: [victim | _], names: names} do
+    peer = Harness.start_peer()
+    {server, log} = Harness.peer_call(peer, PoolHelpers, :start_recording_server, [20])
+
+    busy = XlaNode.compile!(pool, PoolHelpers.busy_sum(5_000_000))
+    doubling = XlaNode.compile!(pool, PoolHelpers.doubling())
+    logging = XlaNode.compile!(pool, PoolHelpers.logging())
+    assert doubling.effects == :callbacks
+    assert {:side_effects, _} = logging.effects
+
+    run = fn i ->
+      x = [i * 1.0, 1.0, 2.0, 3.0]
+
+      case rem(i, 3) do
+        0 -> {:busy, i, XlaNode.run(pool, busy, [s64([i, 1, 2, 3])])}
+        1 -> {:doubling, i, XlaNode.run(pool, doubling, [f32(x)], callback_server: server)}
+        2 -> {:logging, i, XlaNode.run(pool, logging, [f32(x)], callback_server: server)}
+      end
+    end
+
+    runner =
+      Task.async(fn ->
+        Task.async_stream(1..200, run, max_concurrency: 40, timeout: :infinity)
+        |> Enum.map(&elem(&1, 1))
+      end)
+
+    # Kill the node once a good part of the runs is done and it has runs in flight.
+    Harness.eventually(
+      fn ->
+        status = Pool.status(pool)
+        victim_status = status_of(pool, victim.name)
+        status.runs >= 50 and victim_status.runs >= 10 and victim_status.in_flight >= 3
+      end,
+      120_000,
+      5
+    ) || flunk("the runs never got going: #{inspect(Pool.status(pool))}")
+
+    Harness.stop_node(victim, "KILL")
+    results = Task.await(runner, :infinity)
+
+    assert length(results) == 200
+
+    lost =
+      for {kind, i, result} <- results, reduce: [] do
+        lost ->
+          case {kind, result} do
+            {:busy, {:ok, [sum]}} ->
+              assert Tensor.to_list(sum) == Enum.map([i, 1, 2, 3], &(&1 * 5_000_000))
+              lost
+
+            {:busy, error} ->
+              flunk("pure run #{i} failed: #{inspect(error)}")
+
+            {:doubling, {:ok, [y]}} ->
+              assert Tensor.to_list(y) == [2 * i + 1.0, 3.0, 5.0, 7.0]
+              lost
+
+            {:logging, {:ok, [y]}} ->
+              assert Tensor.to_list(y) == [i * 1.0, 1.0, 2.0, 3.0]
+              lost
+
+            {kind,
+             {:error, %Error{kind: :nodedown, reason: :nodedown, node: node, message: message}}}
+            when kind in [:doubling, :logging] ->
+              assert node == victim.name
+
+              if kind == :logging,
+                do: assert(message =~ "side effects"),
+                else: assert(message =~ "already fired")
+
+              [{kind, i} | lost]
+
+            {kind, other} ->
+              flunk("#{kind} run #{i}: #{inspect(other)}")
+          end
+      end
+
+    status = Pool.status(pool)
+    victim_status = status_of(pool, victim.name)
+    # The kill hit runs in flight: some were re-sent, or failed for their effects.
+    assert status.retries + length(lost) > 0
+    assert victim_status.failures > 0
+    assert victim_status.status != :up
+
+    served = Harness.peer_call(peer, PoolHelpers, :served, [log])
+    counts = Enum.frequencies(served)
+
+    for {{_id, _x} = callback, count} <- counts do
+      assert count == 1, "callback #{inspect(callback)} served #{count} times"
+    end
+
+    for {kind, i, {:ok, _}} <- results, kind != :busy do
+      id = if kind == :doubling, do: :double, else: :log
+
+      assert counts[{id, i * 1.0}] == 1,
+             "#{kind} run #{i} succeeded but its callback was not served once"
+    end
+
+    # The node comes back under the same name and gets runs again.
+    restarted = Harness.start_node(sname: victim.sname)
+    assert restarted.name == victim.name
+    wait_until_up(pool, names)
+    before = runs_per_node(pool)[victim.name]
+
+    1..60
+    |> Task.async_stream(fn i -> {:ok, _} = XlaNode.run(pool, busy, [s64([i, 0, 0, 0])]) end,
+      max_concurrency: 12,
+      timeout: :infinity
+    )
+    |> Stream.run()
+
+    assert runs_per_node(pool)[victim.name] > before
+    assert status_of(pool, victim.name).executables == 1
+  end
+
+  test "every node down: a clear error naming them", %{pool: pool, xlas: xlas, names: names} do
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
+    assert {:ok, _} = XlaNode.run(pool, exe, [s64([1, 2, 3, 4])])
+
+    for xla <- xlas, do: Harness.stop_node(xla, "KILL")
+
+    Harness.eventually(fn -> Enum.all?(Pool.status(pool).nodes, &(&1.status != :up)) end, 10_000) ||
+      flunk("nodes still up: #{inspect(Pool.status(pool).nodes)}")
+
+    assert {:error, %Error{kind: :nodedown, reason: {:nodes_down, ^names}, message: message}} =
+             XlaNode.run(pool, exe, [s64([1, 2, 3, 4])])
+
+    for name <- names, do: assert(message =~ Atom.to_string(name))
+
+    assert {:error, %Error{reason: {:nodes_down, ^names}}} =
+             XlaNode.compile(pool, PoolHelpers.busy_sum(10))
+
+    error = assert_raise Error, fn -> XlaNode.to_device!(pool, s64([1, 2, 3, 4])) end
+    assert error.kind == :nodedown
+  end
+
+  test "buffers pin runs to their node; node: pins a run; a lost buffer is named",
+       %{pool: pool, xlas: xlas, names: names} do
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
+    buffer = XlaNode.to_device!(pool, s64([1, 2, 3, 4]))
+    holder = node(buffer)
+    assert holder in names
+    assert XlaNode.read!(pool, buffer) == s64([1, 2, 3, 4])
+
+    before = runs_per_node(pool)
+
+    for _ <- 1..20 do
+      assert [sum] = XlaNode.run!(pool, exe, [buffer])
+      assert Tensor.to_list(sum) == [10, 20, 30, 40]
+    end
+
+    # Results kept on the device are buffers of the node that ran the program.
+    assert [kept] = XlaNode.run!(pool, exe, [buffer], keep_on_device: true)
+    assert node(kept) == holder
+    assert Tensor.to_list(XlaNode.read!(pool, kept)) == [10, 20, 30, 40]
+
+    after_runs = runs_per_node(pool)
+    assert after_runs[holder] - before[holder] == 21
+    for node <- names -- [holder], do: assert(after_runs[node] == before[node])
+
+    [other | _] = names -- [holder]
+
+    for _ <- 1..5, do: assert({:ok, _} = XlaNode.run(pool, exe, [s64([0, 0, 0, 0])], node: other))
+    assert runs_per_node(pool)[other] - after_runs[other] == 5
+
+    assert {:error, %Error{kind: :argument_error, message: message}} =
+             XlaNode.run(pool, exe, [buffer], node: other)
+
+    assert message =~ "is a buffer on #{holder}"
+
+    assert :ok = XlaNode.free(pool, kept)
+    assert {:error, %Error{kind: :argument_error}} = XlaNode.read(pool, kept)
+
+    # The node holding the buffer goes: runs that need the buffer fail, naming it.
+    Harness.stop_node(Enum.find(xlas, &(&1.name == holder)), "KILL")
+    Harness.eventually(fn -> status_of(pool, holder).status != :up end, 10_000)
+
+    assert {:error, %Error{kind: :nodedown, reason: :nodedown, node: ^holder, message: message}} =
+             XlaNode.run(pool, exe, [buffer])
+
+    assert message =~ inspect(buffer)
+    assert message =~ "lost"
+    assert {:error, %Error{kind: :nodedown, node: ^holder}} = XlaNode.read(pool, buffer)
+
+    assert {:error, %Error{kind: :nodedown, node: ^holder}} =
+             XlaNode.run(pool, exe, [s64([1, 1, 1, 1])], node: holder)
+
+    # Runs without a pin go on elsewhere.
+    assert {:ok, _} = XlaNode.run(pool, exe, [s64([1, 1, 1, 1])])
+  end
+
+  test "a handle is compiled where runs go, freed everywhere, and works only with its pool",
+       %{pool: pool, names: names} do
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
+    executables = fn -> Enum.map(names, &elem(XlaNode.info(&1), 1).executables) end
+
+    for node <- names,
+        do: assert({:ok, _} = XlaNode.run(pool, exe, [s64([1, 1, 1, 1])], node: node))
+
+    # One executable on each node, the pool's.
+    assert Enum.all?(Pool.status(pool).nodes, &(&1.executables == 1))
+    assert executables.() == [1, 1, 1]
+
+    assert :ok = XlaNode.free(pool, exe)
+    assert %{programs: 0} = Pool.status(pool)
+    assert Enum.all?(Pool.status(pool).nodes, &(&1.executables == 0))
+
+    Harness.eventually(fn -> executables.() == [0, 0, 0] end, 5_000) ||
+      flunk("executables left on the nodes: #{inspect(executables.())}")
+
+    assert {:error, %Error{kind: :argument_error, message: message}} =
+             XlaNode.run(pool, exe, [s64([1, 1, 1, 1])])
+
+    assert message =~ "freed"
+    assert {:error, %Error{kind: :argument_error}} = XlaNode.free(pool, exe)
+
+    # node: chooses where compile/3 compiles it first.
+    last = List.last(names)
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(20), node: last)
+    assert [0, 0, 1] == Enum.map(Pool.status(pool).nodes, & &1.executables)
+    assert :ok = XlaNode.free(pool, exe)
+
+    # Another pool over the same nodes does not take this pool's handles, nor do the nodes. A
+    # pool just started takes calls at once: they wait for its nodes' first connection.
+    other = :"other_#{System.unique_integer([:positive])}"
+    start_supervised!({Pool, name: other, nodes: names}, id: other)
+    other_exe = XlaNode.compile!(other, PoolHelpers.busy_sum(10))
+    assert {:ok, _} = XlaNode.run(other, other_exe, [s64([1, 1, 1, 1])])
+    exe = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
+
+    assert {:error, %Error{kind: :argument_error, message: message}} =
+             XlaNode.run(other, exe, [s64([1, 1, 1, 1])])
+
+    assert message =~ inspect(pool)
+
+    assert {:error, %Error{kind: :argument_error}} =
+             XlaNode.run(hd(names), exe, [s64([1, 1, 1, 1])])
+
+    node_exe = XlaNode.compile!(hd(names), PoolHelpers.busy_sum(10))
+
+    assert {:error, %Error{kind: :argument_error, message: message}} =
+             XlaNode.run(pool, node_exe, [s64([1, 1, 1, 1])])
+
+    assert message =~ "compiled through the pool"
+  end
+
+  test "callbacks reach the caller's callback server; errors of the node keep their kind",
+       %{pool: pool, names: names} do
+    {:ok, server} =
+      XlaNode.CallbackServer.start_link(%{
+        double: fn [x] -> {:ok, [f32(Enum.map(Tensor.to_list(x), &(&1 * 2)))]} end
+      })
+
+    exe = XlaNode.compile!(pool, PoolHelpers.doubling())
+
+    for i <- 1..9 do
+      assert {:ok, [y]} = XlaNode.run(pool, exe, [f32([i, 0, 0, 0])], callback_server: server)
+      assert Tensor.to_list(y) == [2 * i + 1.0, 1.0, 1.0, 1.0]
+    end
+
+    # A caller killed while its run waits: the pool no longer counts the run in flight.
+    {:ok, stuck} =
+      XlaNode.CallbackServer.start_link(%{double: fn _ -> Process.sleep(:infinity) end})
+
+    caller = spawn(fn -> XlaNode.run(pool, exe, [f32([1, 1, 1, 1])], callback_server: stuck) end)
+    assert Harness.eventually(fn -> Pool.status(pool).in_flight == 1 end)
+    Process.exit(caller, :kill)
+    assert Harness.eventually(fn -> Pool.status(pool).in_flight == 0 end)
+
+    assert {:error, %Error{kind: :compile_error}} = XlaNode.compile(pool, "not MLIR")
+
+    busy = XlaNode.compile!(pool, PoolHelpers.busy_sum(10))
+
+    assert {:error, %Error{kind: :argument_error, node: node}} =
+             XlaNode.run(pool, busy, [f32([1, 2, 3, 4])])
+
+    assert node in names
+    assert {:ok, %{platform: "cpu"}} = XlaNode.info(pool)
+    assert XlaNode.ping(pool) == :pong
+    assert %{errors: 1} = Pool.status(pool)
+  end
+end

@@ -1,0 +1,64 @@
+//! `{:to_device, tensor}`, `{:read, buffer}` and `{:free, exe_or_buffer}`: device buffers the
+//! caller owns, and freeing what it owns.
+//!
+//! Copies to and from the device call XLA, so they run on an executor thread, which replies.
+//! Freeing only takes the resource out of the table here; dropping it (a PJRT call) happens on
+//! an executor thread too, after any run still using it is done (see `resources.rs`).
+
+use super::error::RequestError;
+use super::parse::argument;
+use super::resources::Resource;
+use super::state::State;
+use crate::node::gen::From;
+use crate::node::term::atom;
+use crate::tensor_term::host_tensor_term;
+use crate::xla::HostTensor;
+use eetf::{Reference, Term};
+use std::sync::Arc;
+
+/// `{:to_device, tensor}`: replies `{:ok, buffer}`.
+pub fn to_device(state: &Arc<State>, from: From, tensor: HostTensor) {
+    state.spawn(move |state| {
+        let uploaded = state
+            .executor
+            .client()
+            .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)
+            .map(|b| Term::from(state.register(Resource::Buffer(Arc::new(b)), &from.pid)));
+        state.reply_result(&from, uploaded.map_err(RequestError::from));
+    });
+}
+
+/// `{:read, buffer}`: replies `{:ok, tensor}`.
+pub fn read(state: &Arc<State>, from: From, buffer: Reference) {
+    let buffer = match state.lookup_buffer(&buffer) {
+        Ok(b) => b,
+        Err(e) => return state.reply(&from, e.to_reply()),
+    };
+    state.spawn(move |state| {
+        let read = buffer.to_host_tensor().map(host_tensor_term);
+        state.reply_result(&from, read.map_err(RequestError::from));
+    });
+}
+
+/// The reference of `{:free, reference}`.
+pub fn parse_free(term: Term) -> Result<Reference, RequestError> {
+    match term {
+        Term::Reference(r) => Ok(*r),
+        other => Err(argument(format!("unknown or freed reference {other}"))),
+    }
+}
+
+/// `{:free, reference}`: the reply, `:ok` or the error.
+pub fn free(state: &State, reference: &Reference) -> Term {
+    match state.resources.free(reference) {
+        Some(resource) => {
+            state.release(vec![resource]);
+            atom("ok")
+        }
+        None => argument(format!(
+            "unknown or freed reference {}",
+            Term::from(reference.clone())
+        ))
+        .to_reply(),
+    }
+}

@@ -1,0 +1,71 @@
+//! `{:compile, mlir}` / `{:compile, mlir, opts}`: a StableHLO module (MLIR text or bytecode)
+//! compiled into an executable that the caller owns.
+//!
+//! Compiling calls XLA, so it runs on an executor thread, which replies `{:ok, exe}` (a
+//! reference; see `resources.rs` for ownership) or the compile error. It goes through the
+//! executor's cache: the same module compiled twice is one executable.
+
+use super::error::RequestError;
+use super::parse::{argument, keywords, Elements};
+use super::resources::{Program, Resource};
+use super::state::State;
+use crate::node::gen::From;
+use crate::xla::XlaError;
+use eetf::Term;
+use std::sync::Arc;
+
+/// `{:compile, mlir, opts}`, parsed.
+#[derive(Debug)]
+pub struct CompileRequest {
+    program: Vec<u8>,
+}
+
+impl CompileRequest {
+    /// Reads `mlir` and the options (none are supported yet, so any is an error).
+    pub fn parse(elements: &mut Elements) -> Result<CompileRequest, RequestError> {
+        let program = match elements.required() {
+            Term::Binary(b) => b.bytes,
+            other => {
+                return Err(argument(format!(
+                    "the program must be a binary (MLIR text or bytecode), got {other}"
+                )))
+            }
+        };
+        if let Some(opts) = elements.optional() {
+            let keys: Vec<String> = keywords(&opts)?.into_iter().map(|(k, _)| k).collect();
+            if !keys.is_empty() {
+                return Err(argument(format!(
+                    "unknown compile options {keys:?} (none are supported yet)"
+                )));
+            }
+        }
+        Ok(CompileRequest { program })
+    }
+
+    pub fn apply(self, state: &Arc<State>, from: From) {
+        let program = self.program;
+        let calls_back = Program::mentions_callbacks(&program);
+        state.spawn(move |state| {
+            let compiled = state.executor.compile(program).map(|(exe, _cache_hit)| {
+                let exe = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
+                Term::from(state.register(exe, &from.pid))
+            });
+            state.reply_result(&from, compiled.map_err(|e| with_kernels(e).into()));
+        });
+    }
+}
+
+/// A compile error about a custom-call target XLA has no handler for also lists the kernels
+/// that are loaded: the usual cause is a kernel that was never loaded, or loaded under another
+/// name.
+fn with_kernels(error: XlaError) -> XlaError {
+    match error {
+        XlaError::Compile(message) if message.contains("No FFI handler registered for") => {
+            XlaError::Compile(format!(
+                "{message}. {}",
+                crate::xla::describe_loaded_kernels()
+            ))
+        }
+        other => other,
+    }
+}

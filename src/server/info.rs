@@ -1,0 +1,109 @@
+//! `:info`: what the node is, what it holds and what it has done, as one map (the keys are the
+//! README's `:info` row).
+//!
+//! Built on the server's task from counters alone: answering never waits on XLA or a run.
+
+use super::state::State;
+use crate::node::probe;
+use crate::node::term::{atom, binary, boolean, int, list};
+use crate::xla::{loaded_kernels, LoadedKernel};
+use eetf::{Float, Map, Term};
+use std::collections::HashMap;
+
+/// The reply's map.
+pub fn info(state: &State) -> Term {
+    let node = &state.node;
+    let client = state.executor.client();
+    let compiles = state.executor.stats();
+    let (executables, buffers) = state.resources.counts();
+    let scheduled = state.scheduler.counts();
+    let (runs, run_errors) = state.runs.counts();
+    let (major, minor) = client.api().version();
+    let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
+    let devices = client
+        .devices()
+        .iter()
+        .map(|d| text(format!("{}:{}", d.kind, d.id)))
+        .collect();
+    map(vec![
+        ("node", atom(node.name())),
+        ("version", text(env!("CARGO_PKG_VERSION"))),
+        ("uptime_ms", int(node.uptime().as_millis() as i64)),
+        ("peers", list(peers)),
+        ("processes", int(node.process_count() as i64)),
+        ("platform", text(client.platform_name())),
+        ("platform_version", text(client.platform_version())),
+        ("devices", list(devices)),
+        ("host_callbacks", boolean(client.runs_host_handlers())),
+        ("plugin", text(state.plugin.display().to_string())),
+        ("pjrt_api_version", text(format!("{major}.{minor}"))),
+        ("executables", int(executables as i64)),
+        ("buffers", int(buffers as i64)),
+        ("compiles", int(compiles.compiles as i64)),
+        ("cache_hits", int(compiles.cache_hits as i64)),
+        ("cached_executables", int(compiles.cached as i64)),
+        ("runs", int(runs as i64)),
+        ("runs_running", int(scheduled.running as i64)),
+        ("runs_queued", int(scheduled.queued as i64)),
+        ("queue_timeouts", int(scheduled.queue_timeouts as i64)),
+        ("run_errors", int(run_errors as i64)),
+        ("callbacks", callbacks(state)),
+        (
+            "kernels",
+            list(loaded_kernels().iter().map(kernel).collect()),
+        ),
+    ])
+}
+
+/// The dispatcher's counters.
+fn callbacks(state: &State) -> Term {
+    let s = state.dispatcher.stats();
+    let mut entries = vec![
+        ("sent", int(s.callbacks as i64)),
+        ("replies", int(s.replies as i64)),
+        ("errors", int(s.errors as i64)),
+        ("timeouts", int(s.timeouts as i64)),
+        ("reply_wait_us", int(s.reply_wait_us as i64)),
+        ("pending", int(s.pending as i64)),
+        ("outfeeds", int(s.outfeeds as i64)),
+        ("open_runs", int(s.open_runs as i64)),
+    ];
+    // With XLA_NODE_CALLBACK_TRACE=1: the median microseconds from a custom call's start to
+    // each step of its callback (see `node::probe`).
+    if let Some((samples, medians)) = probe::medians() {
+        let mut trace = vec![("samples", int(samples as i64))];
+        trace.extend(
+            probe::MEASURED
+                .iter()
+                .zip(medians)
+                .map(|((_, name), us)| (*name, Term::from(Float { value: us }))),
+        );
+        entries.push(("trace", map(trace)));
+    }
+    map(entries)
+}
+
+/// One loaded kernel.
+fn kernel(k: &LoadedKernel) -> Term {
+    map(vec![
+        ("target", text(&k.target)),
+        ("library", text(k.library.display().to_string())),
+        ("symbol", text(&k.symbol)),
+        (
+            "ffi_version",
+            text(format!("{}.{}", k.ffi_version.0, k.ffi_version.1)),
+        ),
+        ("shimmed", boolean(k.shimmed)),
+    ])
+}
+
+/// A map with atom keys.
+fn map(entries: Vec<(&str, Term)>) -> Term {
+    let map: HashMap<Term, Term> = entries.into_iter().map(|(k, v)| (atom(k), v)).collect();
+    Term::from(Map::from(map))
+}
+
+/// A string as an Elixir string (a binary).
+fn text(s: impl AsRef<str>) -> Term {
+    binary(s.as_ref().as_bytes().to_vec())
+}

@@ -1,0 +1,88 @@
+//! Reading the parts of a request term: the elements after its tag, and the references,
+//! strings, tensors and keyword options they hold.
+//!
+//! Shared by every request's parse (`request.rs` has the table of requests); each reader's
+//! error is the `:argument_error` the caller gets.
+
+use super::error::RequestError;
+use crate::node::term::{as_atom, as_list, as_tuple};
+use crate::tensor_term::parse_tensor;
+use crate::xla::HostTensor;
+use eetf::{Reference, Term};
+
+/// The elements of a request tuple after its tag, whose count [`super::request::Request::parse`]
+/// checked against the request's forms.
+pub struct Elements(std::vec::IntoIter<Term>);
+
+impl Elements {
+    /// The elements of `tuple` after the first (the tag).
+    pub fn after_tag(tuple: Vec<Term>) -> Elements {
+        let mut elements = tuple.into_iter();
+        elements.next();
+        Elements(elements)
+    }
+
+    /// The next element, which every form of the request has.
+    pub fn required(&mut self) -> Term {
+        self.0.next().expect("the arity was checked")
+    }
+
+    /// The next element, which only the longer form of the request has (its options).
+    pub fn optional(&mut self) -> Option<Term> {
+        self.0.next()
+    }
+}
+
+/// An `:argument_error`.
+pub fn argument(message: impl Into<String>) -> RequestError {
+    RequestError::Argument(message.into())
+}
+
+/// A reference (to an executable or a buffer).
+pub fn reference(term: Term) -> Result<Reference, RequestError> {
+    match term {
+        Term::Reference(r) => Ok(*r),
+        other => Err(argument(format!("expected a reference, got {other}"))),
+    }
+}
+
+/// A tensor `{binary, {type, dims}}`, its size checked.
+pub fn tensor(term: Term) -> Result<HostTensor, RequestError> {
+    parse_tensor(term).map_err(RequestError::Argument)
+}
+
+/// A string given as a binary, an atom or a charlist.
+pub fn string(term: &Term) -> Option<String> {
+    match term {
+        Term::Binary(b) => String::from_utf8(b.bytes.clone()).ok(),
+        Term::Atom(a) => Some(a.name.clone()),
+        Term::ByteList(b) => String::from_utf8(b.bytes.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// `true` or `false`, for option `key`.
+pub fn boolean(key: &str, value: &Term) -> Result<bool, RequestError> {
+    match as_atom(value) {
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        _ => Err(argument(format!("{key} must be a boolean, got {value}"))),
+    }
+}
+
+/// A keyword list, as (key, value) pairs.
+pub fn keywords(opts: &Term) -> Result<Vec<(String, Term)>, RequestError> {
+    let items = as_list(opts)
+        .ok_or_else(|| argument(format!("options must be a keyword list, got {opts}")))?;
+    items
+        .iter()
+        .map(|item| match as_tuple(item, 2) {
+            Some([k, v]) if as_atom(k).is_some() => {
+                Ok((as_atom(k).expect("checked").to_string(), v.clone()))
+            }
+            _ => Err(argument(format!(
+                "options must be a keyword list, got element {item}"
+            ))),
+        })
+        .collect()
+}

@@ -1,0 +1,250 @@
+//! `{:run, exe, args}` / `{:run, exe, args, opts}`: running a compiled program, the node's data
+//! path.
+//!
+//! It reads straight: the request's tensors (and the buffers it names) are checked once against
+//! the executable's parameters, here on the server's task, so that wrong arguments are answered
+//! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
+//! the [`Scheduler`](super::schedule::Scheduler) admits the run to an executor thread, which
+//! executes it and replies with the results, as tensors or as buffers left on the device.
+//!
+//! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
+//! it when the caller leaves it out, and opens the run's callback context with the dispatcher
+//! for as long as the run executes.
+
+use super::error::RequestError;
+use super::parse::{argument, boolean, keywords, reference, Elements};
+use super::resources::{Program, Resource};
+use super::schedule::TimedOut;
+use super::state::State;
+use crate::dispatch::RunHandle;
+use crate::node::gen::From;
+use crate::node::term::{as_atom, as_i64, list};
+use crate::node::Dest;
+use crate::tensor_term::{host_tensor_term, parse_tensor};
+use crate::xla::{Argument, DType, Executable, HostTensor, Job, Run, XlaError};
+use eetf::{Reference, Term};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `{:run, exe, args, opts}`, parsed.
+#[derive(Debug)]
+pub struct RunRequest {
+    exe: Reference,
+    args: Vec<RunArg>,
+    options: RunOptions,
+}
+
+/// A run argument as the request gives it.
+#[derive(Debug)]
+enum RunArg {
+    Tensor(HostTensor),
+    Buffer(Reference),
+}
+
+/// The run options the request sets; `None`: the node's default.
+#[derive(Debug, Default)]
+struct RunOptions {
+    keep_on_device: bool,
+    callback_server: Option<Dest>,
+    callback_timeout: Option<Duration>,
+    /// `Some(None)`: `:infinity`.
+    queue_timeout: Option<Option<Duration>>,
+}
+
+impl RunRequest {
+    pub fn parse(elements: &mut Elements) -> Result<RunRequest, RequestError> {
+        let exe = reference(elements.required())?;
+        let args = run_args(elements.required())?;
+        let options = match elements.optional() {
+            Some(opts) => run_options(&opts)?,
+            None => RunOptions::default(),
+        };
+        Ok(RunRequest { exe, args, options })
+    }
+
+    /// Looks up what the request names, checks the arguments, and hands the run to the
+    /// scheduler.
+    pub fn apply(self, state: &Arc<State>, from: From) {
+        let RunRequest { exe, args, options } = self;
+        let found =
+            executable(state, &exe).and_then(|program| Ok((program, arguments(state, args)?)));
+        let (program, given) = match found {
+            Ok(found) => found,
+            Err(e) => return state.reply(&from, e.to_reply()),
+        };
+        // Checked before the run takes a place: wrong arguments never wait in the queue.
+        let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
+        let leading = handle.map(RunHandle::tensor).into_iter().collect();
+        let run = match Run::new(program.exe.clone(), leading, given) {
+            Ok(run) => run,
+            Err(e) => return reply(state, &from, Err(e)),
+        };
+        let calls_back = program.calls_back;
+        let queue_timeout = options.queue_timeout.unwrap_or(state.queue_timeout);
+        let timed_out: TimedOut = {
+            let (state, from) = (state.clone(), from.clone());
+            Box::new(move |text| state.reply(&from, RequestError::Timeout(text).to_reply()))
+        };
+        let job: Job = {
+            let state = state.clone();
+            Box::new(move || {
+                let results = execute(&state, &program, &run, handle, &options, &from);
+                reply(&state, &from, results);
+            })
+        };
+        state
+            .scheduler
+            .submit_run(calls_back, queue_timeout, job, timed_out);
+    }
+}
+
+/// The executable `reference` names.
+fn executable(state: &State, reference: &Reference) -> Result<Arc<Program>, RequestError> {
+    match state.lookup(reference)? {
+        Resource::Executable(program) => Ok(program),
+        Resource::Buffer(_) => Err(argument(format!(
+            "{} is a buffer, not an executable",
+            Term::from(reference.clone())
+        ))),
+    }
+}
+
+/// The arguments as the run takes them: the request's tensors, and the buffers it names.
+fn arguments(state: &State, args: Vec<RunArg>) -> Result<Vec<Argument>, RequestError> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, arg)| match arg {
+            RunArg::Tensor(t) => Ok(Argument::Host(t)),
+            RunArg::Buffer(r) => state
+                .lookup_buffer(&r)
+                .map(Argument::Device)
+                .map_err(|e| argument(format!("argument {i}: {e}"))),
+        })
+        .collect()
+}
+
+/// Whether the node supplies parameter 0: EXLA-compiled modules take the callback server as a
+/// `u8[8]` first parameter, which the node fills with the run's handle when the caller names a
+/// callback server or leaves that parameter out.
+fn supplies_handle(exe: &Executable, given: usize, options: &RunOptions) -> bool {
+    let params = exe.parameters();
+    let callback_param = params
+        .first()
+        .is_some_and(|p| p.dtype == DType::U8 && p.dims == [8]);
+    callback_param && (options.callback_server.is_some() || given + 1 == params.len())
+}
+
+/// Executes the run (on an executor thread) with its callback context open, and returns the
+/// results as the reply lists them.
+fn execute(
+    state: &State,
+    program: &Program,
+    run: &Run,
+    handle: Option<RunHandle>,
+    options: &RunOptions,
+    from: &From,
+) -> Result<Vec<Term>, XlaError> {
+    let callbacks = handle.map(|handle| {
+        state.dispatcher.open_run(
+            handle,
+            options.callback_server.clone(),
+            from.pid.clone(),
+            options
+                .callback_timeout
+                .unwrap_or_else(|| state.dispatcher.default_timeout()),
+        )
+    });
+    let outputs = if program.calls_back {
+        let gated = state.scheduler.gate.run_calling_back();
+        if let Some(callbacks) = &callbacks {
+            let on_its_thread = gated.clone();
+            callbacks.on_call_on_run_thread(move || on_its_thread.called_back_on_run_thread());
+        }
+        let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
+        gated.finished();
+        outputs
+    } else {
+        let _window = state.scheduler.gate.run_without_callbacks();
+        run.execute()
+    };
+    drop(callbacks);
+    let outputs = outputs?;
+    if options.keep_on_device {
+        return Ok(outputs
+            .into_iter()
+            .map(|b| Term::from(state.register(Resource::Buffer(Arc::new(b)), &from.pid)))
+            .collect());
+    }
+    outputs
+        .iter()
+        .map(|b| b.to_host_tensor().map(host_tensor_term))
+        .collect()
+}
+
+/// Replies with a run's results or its error, and counts it: every run that got past its
+/// lookups ends here, once.
+fn reply(state: &State, from: &From, results: Result<Vec<Term>, XlaError>) {
+    state.runs.record(results.is_err());
+    state.reply_result(from, results.map(list).map_err(RequestError::from));
+}
+
+fn run_args(args: Term) -> Result<Vec<RunArg>, RequestError> {
+    let args = match args {
+        Term::List(l) => l.elements,
+        Term::ByteList(_) => {
+            return Err(argument(
+                "args must be a list of tensors or buffers, got a charlist",
+            ))
+        }
+        other => {
+            return Err(argument(format!(
+                "args must be a list of tensors or buffers, got {other}"
+            )))
+        }
+    };
+    args.into_iter()
+        .enumerate()
+        .map(|(i, arg)| match arg {
+            Term::Reference(r) => Ok(RunArg::Buffer(*r)),
+            tensor => parse_tensor(tensor)
+                .map(RunArg::Tensor)
+                .map_err(|e| argument(format!("argument {i}: {e}"))),
+        })
+        .collect()
+}
+
+fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
+    let mut options = RunOptions::default();
+    for (key, value) in keywords(opts)? {
+        match key.as_str() {
+            "keep_on_device" => options.keep_on_device = boolean(&key, &value)?,
+            "callback_server" => {
+                options.callback_server = Some(Dest::from_term(&value).ok_or_else(|| {
+                    argument(format!(
+                        "callback_server must be a pid, an atom or {{atom, node}}, got {value}"
+                    ))
+                })?)
+            }
+            "callback_timeout" => {
+                options.callback_timeout = Some(match (as_i64(&value), as_atom(&value)) {
+                    (Some(ms), _) if ms > 0 => Duration::from_millis(ms as u64),
+                    (_, Some("infinity")) => Duration::from_secs(100 * 365 * 24 * 3600),
+                    _ => return Err(argument(format!("callback_timeout must be a positive number of milliseconds or :infinity, got {value}"))),
+                })
+            }
+            "queue_timeout" => {
+                options.queue_timeout = Some(match (as_i64(&value), as_atom(&value)) {
+                    (Some(ms), _) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
+                    (_, Some("infinity")) => None,
+                    _ => return Err(argument(format!("queue_timeout must be a non-negative number of milliseconds or :infinity, got {value}"))),
+                })
+            }
+            other => {
+                return Err(argument(format!(
+                    "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout, queue_timeout)"
+                )))
+            }
+        }
+    }
+    Ok(options)
+}
