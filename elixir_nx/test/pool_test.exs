@@ -111,4 +111,26 @@ defmodule XlaNode.NxPoolTest do
     assert length(XlaNode.Compiler.__partitions_options__(node: pool)) == 2
     assert XlaNode.Compiler.__partitions_options__(node: a) == [[node: a]]
   end
+
+  test "XlaNode.Backend with node: a pool", %{pool: pool} do
+    backend = {XlaNode.Backend, node: pool}
+    a = Nx.iota({2, 3}, type: :f32, backend: backend)
+    b = Nx.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], backend: backend)
+    assert %XlaNode.Backend{node: ^pool} = a.data
+
+    # Each operation runs where its tensors are; one on the other node of the pool is sent along.
+    sum = Nx.add(a, b)
+    assert node(sum.data.buffer) == node(a.data.buffer)
+    assert Nx.to_flat_list(sum) == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    assert Nx.to_flat_list(Nx.sum(sum, axes: [1])) == [9.0, 27.0]
+
+    {:ok, %{buffers: before}} = XlaNode.info(node(a.data.buffer))
+    XlaNode.Backend.scope(fn -> a |> Nx.exp() |> Nx.multiply(2) |> Nx.sum() |> Nx.to_number() end)
+    assert {:ok, %{buffers: ^before}} = XlaNode.info(node(a.data.buffer))
+
+    assert Nx.backend_deallocate(a) == :ok
+    error = assert_raise XlaNode.Error, fn -> Nx.to_binary(a) end
+    assert error.kind == :gone
+    assert error.message =~ inspect(node(a.data.buffer))
+  end
 end

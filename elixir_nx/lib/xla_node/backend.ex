@@ -15,7 +15,9 @@ defmodule XlaNode.Backend do
 
   ## Options
 
-    * `:node` - the compute node (required)
+    * `:node` - the compute node (required), or an `XlaNode.Pool` (its name or pid): tensors
+      are then placed on a node the pool chooses, and each operation runs on the node holding
+      its tensors (a tensor on another node of the pool is sent along, as between two nodes)
 
   ## Operations
 
@@ -76,7 +78,10 @@ defmodule XlaNode.Backend do
   A tensor's data: its `node`, and its `buffer` there (a reference owned by the process that
   made it), or `{:inline, binary}` for a scalar made from a number, kept here until used.
   """
-  @type t :: %__MODULE__{node: node(), buffer: reference() | {:inline, binary()}}
+  @type t :: %__MODULE__{
+          node: node() | XlaNode.Pool.t(),
+          buffer: reference() | {:inline, binary()}
+        }
 
   alias XlaNode.Backend.{Eager, Scope, Transfer}
 
@@ -113,13 +118,17 @@ defmodule XlaNode.Backend do
       node when is_atom(node) and node != nil ->
         node
 
+      pool when is_pid(pool) ->
+        pool
+
       nil ->
         raise ArgumentError,
               "XlaNode.Backend needs the compute node: {XlaNode.Backend, node: :\"xla@host\"}"
 
       other ->
         raise ArgumentError,
-              "XlaNode.Backend: :node must be a node name (an atom), got #{inspect(other)}"
+              "XlaNode.Backend: :node must be a node name (an atom) or an XlaNode.Pool, " <>
+                "got #{inspect(other)}"
     end
   end
 

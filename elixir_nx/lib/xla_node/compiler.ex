@@ -113,8 +113,8 @@ defmodule XlaNode.Compiler do
   # arguments. The expression `fun` returns stays in this process: what the cache keeps, and the
   # returned function captures (Nx.Serving runs it in other processes), are templates, the
   # executable and the callbacks' functions.
-  def program({key, templates, node}, vars, fun, opts, info) do
-    cache_key = {key, templates, cache_node(node)}
+  def program({_, _, node} = program_key, vars, fun, opts, info) do
+    cache_key = stored_key(program_key)
 
     %{exe: exe, callbacks: callbacks, outputs: outputs} =
       Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
@@ -128,7 +128,7 @@ defmodule XlaNode.Compiler do
     timeout = Keyword.get(opts, :timeout, :infinity)
 
     fn [params] ->
-      args = Enum.map(params, &Transfer.arg(&1.(), node))
+      args = params |> Enum.map(& &1.()) |> Transfer.args(node)
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
       [from_client(results, outputs, node)]
     end
@@ -208,9 +208,14 @@ defmodule XlaNode.Compiler do
     end
   end
 
-  # A pool's programs live as long as its process: a pool restarted under the same name has none.
-  defp cache_node(node) do
-    if XlaNode.Pool.pool?(node), do: {XlaNode.Pool, GenServer.whereis(node)}, else: node
+  @doc false
+  # The key `program/5` stores a program under in XlaNode.Compiler.Cache, for `{key, templates,
+  # node}`. A pool's programs live as long as its process: a pool restarted under the same name
+  # has none.
+  def stored_key({key, templates, node}) do
+    if XlaNode.Pool.pool?(node),
+      do: {key, templates, {XlaNode.Pool, GenServer.whereis(node)}},
+      else: {key, templates, node}
   end
 
   # The traced expression, devectorized for lowering, and the templates of the result: its

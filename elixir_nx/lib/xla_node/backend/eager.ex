@@ -43,11 +43,12 @@ defmodule XlaNode.Backend.Eager do
     # Names label the result only: programs are shared across them.
     inputs = Enum.map(tensors, &unnamed/1)
     key = {{Backend, name, static, shapes(out)}, XlaNode.Compiler.templates(inputs), node}
+    cache_key = XlaNode.Compiler.stored_key(key)
 
     results =
-      case Cache.get(key) do
+      case Cache.get(cache_key) do
         %{exe: exe, callbacks: callbacks} when callbacks == %{} ->
-          args = Enum.map(inputs, &Transfer.arg(&1, node))
+          args = Transfer.args(inputs, node)
 
           node
           |> Transfer.run!(exe, args, keep_on_device: true)

@@ -10,9 +10,10 @@ defmodule XlaNode.Backend.Scope do
   returned term does not hold is freed. Scopes nest: what an inner scope returns is noted in the
   outer one. When the function raises, throws or exits, everything it made is freed.
 
-  Buffers are freed with one pipelined round of `:free` requests per node (`:gen_server`'s
-  `send_request/2`), not one round trip each. A buffer freed already (`Nx.backend_deallocate/1`)
-  or whose node is down is skipped silently: either way it is gone.
+  Buffers are freed with one pipelined round of `:free` requests, each to the node the buffer
+  reference names (`node/1`, also for a pool's tensors), with `:gen_server`'s `send_request/2`:
+  not one round trip each. A buffer freed already (`Nx.backend_deallocate/1`) or whose node is
+  down is skipped silently: either way it is gone.
   """
 
   @key {__MODULE__, :made}
@@ -43,40 +44,35 @@ defmodule XlaNode.Backend.Scope do
   defp restore(nil, _keep), do: Process.delete(@key)
   defp restore(outer, keep), do: Process.put(@key, keep ++ outer)
 
-  @doc """
-  Notes a buffer this process made on `node`, when a scope is open (otherwise it does nothing).
-  """
-  def made(node, buffer) when is_reference(buffer) do
+  @doc "Notes a buffer this process made, when a scope is open (otherwise it does nothing)."
+  def made(buffer) when is_reference(buffer) do
     case Process.get(@key) do
       nil -> :ok
-      made -> Process.put(@key, [{node, buffer} | made])
+      made -> Process.put(@key, [buffer | made])
     end
 
     :ok
   end
 
   @doc """
-  Frees `{node, buffer}` pairs: one pipelined round of `:free` requests per node. Buffers freed
-  already, or on a node that is down, are skipped.
+  Frees buffers: one pipelined round of `:free` requests to their nodes. Buffers freed already,
+  or on a node that is down, are skipped.
   """
   def free([]), do: :ok
 
   def free(buffers) do
     buffers
     |> Enum.uniq()
-    |> Enum.map(fn {node, buffer} ->
-      :gen_server.send_request(XlaNode.server(node), {:free, buffer})
-    end)
+    |> Enum.map(&:gen_server.send_request({:xla, node(&1)}, {:free, &1}))
     |> Enum.each(&:gen_server.receive_response(&1, 60_000))
   end
 
-  # The {node, buffer} pairs of every XlaNode.Backend tensor inside a term, however nested
-  # (tuples, lists, maps and structs such as model states).
+  # The buffers of every XlaNode.Backend tensor inside a term, however nested (tuples, lists,
+  # maps and structs such as model states).
   defp held(term), do: held(term, MapSet.new())
 
-  defp held(%Nx.Tensor{data: %XlaNode.Backend{node: node, buffer: buffer}}, acc)
-       when is_reference(buffer),
-       do: MapSet.put(acc, {node, buffer})
+  defp held(%Nx.Tensor{data: %XlaNode.Backend{buffer: buffer}}, acc) when is_reference(buffer),
+    do: MapSet.put(acc, buffer)
 
   defp held(%Nx.Tensor{}, acc), do: acc
   defp held(list, acc) when is_list(list), do: Enum.reduce(list, acc, &held/2)

@@ -4,10 +4,14 @@ defmodule XlaNode.Backend.Transfer do
   `XlaNode.Compiler`: placing a binary on a node, reading a buffer back, freeing it, passing a
   tensor as a run argument, and turning a run's buffers into tensors.
 
-  Every buffer made here is noted in the open `XlaNode.Backend.scope/1`, if any. Errors name
-  the tensor's node: a buffer the node no longer has (freed, its owner gone, the node
-  restarted) raises an `XlaNode.Error` of kind `:gone`; a node that is down or unreachable, one
-  of kind `:nodedown` that says its tensors are gone.
+  A tensor's `node` is what its backend options named: a node, or an `XlaNode.Pool`, which
+  sends reads, frees and runs taking the buffer to the node holding it. That node is the
+  buffer reference's own (`node/1`), which is how errors name it.
+
+  Every buffer made here is noted in the open `XlaNode.Backend.scope/1`, if any. A buffer the
+  node no longer has (freed, its owner gone, the node restarted) raises an `XlaNode.Error` of
+  kind `:gone` naming the node; a node that is down or unreachable, one of kind `:nodedown` that
+  says its tensors are gone.
   """
 
   alias XlaNode.Backend
@@ -28,7 +32,7 @@ defmodule XlaNode.Backend.Transfer do
 
   @doc "The `XlaNode.Backend` data of a buffer this process made on `node`; noted in the scope."
   def data(node, buffer) when is_reference(buffer) do
-    Scope.made(node, buffer)
+    Scope.made(buffer)
     %Backend{node: node, buffer: buffer}
   end
 
@@ -38,7 +42,7 @@ defmodule XlaNode.Backend.Transfer do
   def read!(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}) do
     case XlaNode.read(node, buffer) do
       {:ok, {binary, _}} -> binary
-      {:error, error} -> raise gone(error, node, [buffer])
+      {:error, error} -> raise gone(error, [buffer])
     end
   end
 
@@ -53,15 +57,26 @@ defmodule XlaNode.Backend.Transfer do
   end
 
   @doc """
-  A run argument for a program on `node`: the buffer of a tensor that lives there, the data of
-  any other (a tensor of another node is read from it through this node).
+  The run arguments for a program on `node` (a node or a pool): the buffers of the tensors that
+  live where the first such tensor's buffer does, the data of any other (a tensor of another
+  node is read from it through this node), so that the run goes to one node.
   """
-  def arg(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}, node) when is_reference(buffer),
-    do: buffer
+  def args(tensors, node) do
+    home =
+      Enum.find_value(tensors, fn
+        %Nx.Tensor{data: %Backend{node: ^node, buffer: b}} when is_reference(b) -> node(b)
+        _ -> nil
+      end)
 
-  def arg(%Nx.Tensor{} = t, _node) do
-    t = Nx.devectorize(t)
-    {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
+    Enum.map(tensors, fn
+      %Nx.Tensor{data: %Backend{node: ^node, buffer: b}}
+      when is_reference(b) and node(b) == home ->
+        b
+
+      t ->
+        t = Nx.devectorize(t)
+        {Nx.to_binary(t), {t.type, Tuple.to_list(t.shape)}}
+    end)
   end
 
   @doc """
@@ -71,18 +86,19 @@ defmodule XlaNode.Backend.Transfer do
   def run!(node, exe, args, opts) do
     case XlaNode.run(node, exe, args, opts) do
       {:ok, results} -> results
-      {:error, error} -> raise gone(error, node, Enum.filter(args, &is_reference/1))
+      {:error, error} -> raise gone(error, Enum.filter(args, &is_reference/1))
     end
   end
 
   # A reference the node does not know was freed, belonged to a process that exited, or to an
   # earlier run of the node; a node that cannot be reached has dropped this node's buffers.
-  defp gone(%XlaNode.Error{kind: :argument_error, message: message} = error, node, buffers) do
+  defp gone(%XlaNode.Error{kind: :argument_error, message: message} = error, buffers) do
     if buffers != [] and message =~ ~r/^(argument \d+: )?unknown or freed reference/ do
       %XlaNode.Error{
         kind: :gone,
         message:
-          "a tensor on #{inspect(node)} is gone: its buffer was freed (Nx.backend_deallocate/1, " <>
+          "a tensor on #{inspect(node(hd(buffers)))} is gone: its buffer was freed " <>
+            "(Nx.backend_deallocate/1, " <>
             "the end of an XlaNode.Backend.scope/1, or the exit of the process that made it) " <>
             "or the node restarted",
         reason: error.reason
@@ -92,10 +108,10 @@ defmodule XlaNode.Backend.Transfer do
     end
   end
 
-  defp gone(%XlaNode.Error{kind: kind} = error, node, buffers)
-       when kind in [:nodedown, :noproc] and buffers != [] do
-    %{error | message: error.message <> ": the tensors on #{inspect(node)} are gone"}
+  defp gone(%XlaNode.Error{kind: kind} = error, [buffer | _])
+       when kind in [:nodedown, :noproc] do
+    %{error | message: error.message <> ": the tensors on #{inspect(node(buffer))} are gone"}
   end
 
-  defp gone(error, _node, _buffers), do: error
+  defp gone(error, _buffers), do: error
 end
