@@ -128,7 +128,7 @@ defmodule XlaNode.BackendMemoryTest do
     def handle_call(:read, _from, acc), do: {:reply, Nx.to_flat_list(acc), acc}
   end
 
-  # 25-70 s on a shared 2-core machine, as loaded (bench/run.sh nx times the same loop).
+  # 20-70 s on a shared 2-core machine, as loaded (bench/run.sh nx times the same loop).
   @ops 100_000
 
   @tag timeout: 300_000
