@@ -10,7 +10,9 @@
 //! written for a tick interval.
 //!
 //! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
-//! silent for `net_ticktime` is declared down; so is one that sends anything malformed.
+//! silent for `net_ticktime` is declared down; so is one that sends a malformed frame or control
+//! message (what it was, or whom it was for, cannot be told). A well-formed control message whose
+//! payload cannot be decoded fails alone (see [`signals`]).
 
 use super::frame::{self, Encoded, Fragmenter, FrameDecoder};
 use super::handshake::PeerInfo;

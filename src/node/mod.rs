@@ -8,6 +8,7 @@
 //! per-node table, dialling and accepting), `connection` (framing, batching writer, ticks),
 //! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
 //! (control messages), `signals` (what incoming control messages do to local processes),
+//! `native_record` (OTP 29 native records, decoded as tuples),
 //! `process_table` (live processes, registered names, monitors and links), `process` (the
 //! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
 //! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
@@ -23,6 +24,7 @@ pub mod frame;
 pub mod gen;
 pub mod handshake;
 pub mod message;
+pub mod native_record;
 pub mod outbox;
 pub mod peers;
 pub mod probe;
