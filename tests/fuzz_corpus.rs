@@ -38,6 +38,14 @@ fn seed_corpus_decodes_without_panicking() {
                 assert!(messages[0].payload_error.is_none(), "{name}");
                 assert_eq!(messages[0].native_records, name == "record_ext");
             }
+            // ALTACT_SIG_SEND to an alias, to a name with a token, an exit signal to a pid.
+            "altact_sig_send" => {
+                let messages = frames.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(messages.len(), 3);
+                for m in &messages {
+                    ControlMessage::from_term(m.control.clone(), &mut None).unwrap();
+                }
+            }
             // Sound control messages, payloads that cannot be decoded.
             "deep_nesting" | "lying_list_length" | "undecodable_request" => {
                 let messages = frames.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -51,5 +59,5 @@ fn seed_corpus_decodes_without_panicking() {
         }
         seen += 1;
     }
-    assert!(seen >= 13, "expected the seed corpus, found {seen} files");
+    assert!(seen >= 14, "expected the seed corpus, found {seen} files");
 }

@@ -51,14 +51,13 @@ pub async fn run(
 ) -> String {
     let (read_half, write_half) = stream.into_split();
     let socket = Arc::new(write_half);
-    let header_format = info.flags & flags::FRAGMENTS != 0;
     let ticktime = node.net_ticktime();
     // A quarter of net_ticktime, as OTP; at most a second so that peers configured with a shorter
     // net_ticktime than ours still hear from us in time.
     let tick_interval = (ticktime / 4).min(Duration::from_secs(1));
     let reader = read_loop(node, peer, read_half, ticktime);
-    outbox.attach(socket.clone(), header_format);
-    let writer = write_loop(node, &socket, queue, outbox, header_format, tick_interval);
+    outbox.attach(socket.clone(), info.flags);
+    let writer = write_loop(node, &socket, queue, outbox, info.flags, tick_interval);
     let reason = tokio::select! {
         r = reader => r,
         w = writer => w,
@@ -342,9 +341,10 @@ async fn write_loop(
     socket: &OwnedWriteHalf,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     outbox: &Outbox,
-    header_format: bool,
+    peer_flags: u64,
     tick_interval: Duration,
 ) -> String {
+    let header_format = peer_flags & flags::FRAGMENTS != 0;
     let mut batch = Batch::default();
     let mut lanes = Lanes::default();
     let mut ticker = tokio::time::interval(tick_interval);
@@ -362,7 +362,8 @@ async fn write_loop(
             Outgoing::Frame { sender, frame } => (sender, frame),
             Outgoing::Message { sender, message } => {
                 let (control, payload) = *message;
-                match frame::encode_owned(&control.to_term(), payload, header_format) {
+                match frame::encode_owned(&control.to_term_for(peer_flags), payload, header_format)
+                {
                     Encoded::Frame(frame) => (sender, frame),
                     Encoded::Large(body) => {
                         let fragments = Fragmenter::new(node.next_sequence(), body);

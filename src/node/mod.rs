@@ -282,7 +282,8 @@ impl Node {
         }
     }
 
-    /// Sends to an alias (the reply path of OTP 24+ `gen:call`).
+    /// Sends to an alias (the reply path of OTP 24+ `gen:call`): as ALTACT_SIG_SEND to peers
+    /// that advertise it (OTP 28+), else as ALIAS_SEND; the connection picks the form.
     pub fn send_alias(&self, from: &Pid, alias: &Reference, message: Term) {
         if alias.node == self.inner.name {
             return; // this node never hands out aliases

@@ -13,7 +13,7 @@
 //! connected nodes") and in `erl_dist`'s `message` module; each finds its local process through
 //! the process table's one lookup.
 
-use super::control::{ControlError, ControlMessage, ProcRef};
+use super::control::{altact, AltactTarget, ControlError, ControlMessage, ProcRef};
 use super::frame::Message;
 use super::gen::{self, From};
 use super::message::PayloadError;
@@ -46,6 +46,9 @@ pub fn handle(node: &Node, peer: &str, message: Message) -> Result<(), ControlEr
         ControlMessage::Send { to } => send(node, &to, message),
         ControlMessage::RegSend { from: _, to_name } => reg_send(node, &to_name, message),
         ControlMessage::AliasSend { .. } => alias_send(),
+        ControlMessage::AltactSigSend { flags, from, to } => {
+            altact_sig_send(node, flags, from, &to, message)
+        }
         ControlMessage::Link { from, to } => link(node, peer, from, to),
         ControlMessage::UnlinkId { id, from, to } => unlink_id(node, peer, id, from, to),
         ControlMessage::UnlinkIdAck { .. } => unlink_id_ack(),
@@ -72,6 +75,11 @@ fn message_target(control: &ControlMessage) -> Option<Local<'_>> {
     match control {
         ControlMessage::Send { to } => Some(Local::Pid(to)),
         ControlMessage::RegSend { to_name, .. } => Some(Local::Name(&to_name.name)),
+        ControlMessage::AltactSigSend { flags, to, .. } if flags & altact::EXIT == 0 => match to {
+            AltactTarget::Pid(p) => Some(Local::Pid(p)),
+            AltactTarget::Name(n) => Some(Local::Name(&n.name)),
+            AltactTarget::Alias(_) => None,
+        },
         _ => None,
     }
 }
@@ -108,6 +116,10 @@ fn undecodable_payload(node: &Node, peer: &str, control: ControlMessage, failed:
         ControlMessage::MonitorPExit { reference, .. } => {
             tracing::warn!(%peer, "monitor exit with a reason that could not be decoded: {why}");
             monitor_p_exit(node, &reference, reason())
+        }
+        ControlMessage::AltactSigSend { flags, from, to } if flags & altact::EXIT != 0 => {
+            tracing::warn!(%peer, "exit signal with a reason that could not be decoded: {why}");
+            altact_sig_send(node, flags, from, &to, reason().expect("a reason"))
         }
         control => match (message_target(&control), failed.call) {
             (Some(to), Some(call)) => {
@@ -173,6 +185,28 @@ fn reg_send(node: &Node, to_name: &Atom, message: Term) {
 
 /// ALIAS_SEND: this node hands out no aliases, so nothing can be addressed through one.
 fn alias_send() {}
+
+/// ALTACT_SIG_SEND: a message or, with the EXIT flag, an exit signal (the payload is its reason)
+/// to a pid, a registered name or an alias. Priority (PRIO) only applies through a priority alias,
+/// which this node never makes, so those are ordinary signals; trace tokens are ignored as with
+/// SEND_TT.
+fn altact_sig_send(node: &Node, flags: u8, from: Pid, to: &AltactTarget, payload: Term) {
+    let target = match to {
+        AltactTarget::Pid(p) => Local::Pid(p),
+        AltactTarget::Name(n) => Local::Name(&n.name),
+        AltactTarget::Alias(_) => return alias_send(),
+    };
+    let signal = if flags & altact::EXIT != 0 {
+        Signal::Exit {
+            from,
+            reason: payload,
+            linked: false,
+        }
+    } else {
+        Signal::Message(payload)
+    };
+    node.deliver(target, signal);
+}
 
 /// LINK: `from` links to our `to`; if `to` is not there, `from` gets EXIT `noproc` at once.
 fn link(node: &Node, peer: &str, from: Pid, to: Pid) {
