@@ -116,6 +116,18 @@ defmodule XlaNode.RobustnessTest do
     RawDist.close(conn)
   end
 
+  test "a control message too short for its operation", %{node: node} do
+    # SEND without its pid, EXIT without its target, ALIAS_SEND without its alias.
+    for {control, payload} <- [{{2}, :hi}, {{3, :self}, nil}, {{33, :self}, :hi}] do
+      {:ok, conn} = RawDist.connect(node)
+      control = with {op, :self} <- control, do: {op, RawDist.pid(conn)}
+      :ok = RawDist.send_frame(conn, RawDist.pass_through(control, payload))
+      assert_dropped(node, conn)
+    end
+
+    assert_still_serving(node)
+  end
+
   test "erpc (SPAWN_REQUEST) is refused by the BEAM itself: the node does not advertise spawn",
        %{node: node} do
     assert {:erpc, :notsup} = catch_error(:erpc.call(node.name, :erlang, :node, [], 2_000))

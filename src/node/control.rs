@@ -198,19 +198,24 @@ impl ControlMessage {
                 )))
             }
         };
-        let pid = |i: usize| match &e[i] {
+        // Operations whose arity is not checked first (those OTP lets grow) may be too short.
+        let element = |i: usize| {
+            e.get(i)
+                .ok_or_else(|| ControlError(format!("operation {op} with {} elements", e.len())))
+        };
+        let pid = |i: usize| match element(i)? {
             Term::Pid(p) => Ok(p.clone()),
             other => Err(ControlError(format!(
                 "operation {op}: element {i} is not a pid: {other}"
             ))),
         };
-        let reference = |i: usize| match &e[i] {
+        let reference = |i: usize| match element(i)? {
             Term::Reference(r) => Ok((**r).clone()),
             other => Err(ControlError(format!(
                 "operation {op}: element {i} is not a reference: {other}"
             ))),
         };
-        let proc_ref = |i: usize| match &e[i] {
+        let proc_ref = |i: usize| match element(i)? {
             Term::Pid(p) => Ok(ProcRef::Pid(p.clone())),
             Term::Atom(a) => Ok(ProcRef::Name(a.clone())),
             other => Err(ControlError(format!(
@@ -527,6 +532,11 @@ mod tests {
             ),
             altact(atom("zero"), atom("xla"), vec![]),
             parse(vec![int(37), int(0), Term::from(pid())]),
+            // Too short for what the operation names.
+            parse(vec![int(2)]),
+            parse(vec![int(3), Term::from(pid())]),
+            parse(vec![int(33), Term::from(pid())]),
+            parse(vec![int(24)]),
             parse(vec![int(37), int(8), list(vec![]), atom("xla")]),
         ] {
             assert!(bad.is_err(), "{bad:?}");
