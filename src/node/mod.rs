@@ -10,6 +10,7 @@
 //! ticks, the message size limit),
 //! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
 //! (control messages), `signals` (what incoming control messages do to local processes),
+//! `native_record` (OTP 29 native records, decoded as tuples),
 //! `process_table` (live processes, registered names, monitors and links), `process` (the
 //! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
 //! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
@@ -26,6 +27,7 @@ pub mod frame;
 pub mod gen;
 pub mod handshake;
 pub mod message;
+pub mod native_record;
 pub mod outbox;
 pub mod peers;
 pub mod probe;
@@ -302,7 +304,8 @@ impl Node {
         }
     }
 
-    /// Sends to an alias (the reply path of OTP 24+ `gen:call`).
+    /// Sends to an alias (the reply path of OTP 24+ `gen:call`): as ALTACT_SIG_SEND to peers
+    /// that advertise it (OTP 28+), else as ALIAS_SEND; the connection picks the form.
     pub fn send_alias(&self, from: &Pid, alias: &Reference, message: Term) {
         if alias.node == self.inner.name {
             return; // this node never hands out aliases
