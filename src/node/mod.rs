@@ -45,7 +45,7 @@ use handshake::LocalIdentity;
 pub use process::{Dest, Process, Signal};
 use process_table::{Local, ProcessTable};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -113,7 +113,6 @@ pub(crate) struct NodeInner {
     /// One slot per peer node: its connection, or the dialling of one.
     peers: Mutex<HashMap<String, Arc<peers::Peer>>>,
     shutdown: CancellationToken,
-    listen_addr: SocketAddr,
     registration: Mutex<Option<epmd::Registration>>,
     listener: Mutex<Option<TcpListener>>,
     busy_wait: busy_wait::BusyWait,
@@ -170,7 +169,6 @@ impl Node {
                 processes: Mutex::new(ProcessTable::new(registration.creation)),
                 peers: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
-                listen_addr,
                 registration: Mutex::new(Some(registration)),
                 listener: Mutex::new(None),
                 busy_wait,
@@ -206,10 +204,6 @@ impl Node {
 
     pub fn creation(&self) -> u32 {
         self.inner.identity.creation
-    }
-
-    pub fn listen_addr(&self) -> SocketAddr {
-        self.inner.listen_addr
     }
 
     pub fn uptime(&self) -> Duration {
