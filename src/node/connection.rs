@@ -78,6 +78,7 @@ async fn read_loop(node: &Node, peer: &str, half: OwnedReadHalf, ticktime: Durat
         let message = match read_frame(&mut reader, &mut decoder, &mut body, peer, ticktime).await {
             Ok(Some(message)) => {
                 super::probe::frame_read();
+                super::traffic::received_message();
                 message
             }
             Ok(None) => continue,
@@ -108,6 +109,7 @@ async fn read_frame(
         Ok(Err(e)) => return Err(format!("connection closed ({e})")),
         Ok(Ok(len)) => len as usize,
     };
+    super::traffic::received_bytes(4 + len);
     if len == 0 {
         return Ok(None); // tick
     }
@@ -410,9 +412,11 @@ async fn write_loop(
         if batch.len() == 0 {
             continue;
         }
+        let bytes = batch.len();
         if let Err(e) = batch.write_to(socket).await {
             return format!("write failed ({e})");
         }
+        super::traffic::sent_bytes(bytes);
         wrote_since_tick = true;
     }
 }

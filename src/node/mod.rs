@@ -10,7 +10,8 @@
 //! (control messages), `signals` (what incoming control messages do to local processes),
 //! `process_table` (live processes, registered names, monitors and links), `process` (the
 //! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
-//! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
+//! callback's steps, timed on request), `traffic` (bytes and messages
+//! each way), `term`, `flags`, `cookie`, `gen` (gen_server call and
 //! reply conventions).
 
 pub mod busy_wait;
@@ -31,6 +32,7 @@ pub mod process_table;
 pub mod reassembly;
 pub mod signals;
 pub mod term;
+pub mod traffic;
 
 use control::ControlMessage;
 use eetf::{Atom, Pid, Reference, Term};
