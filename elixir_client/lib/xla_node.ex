@@ -46,9 +46,14 @@ defmodule XlaNode do
   whose duration depends on the program, default to `:infinity`; the others default to
   `60_000`. A node that goes down or disconnects still ends an `:infinity` call (with a
   `:nodedown` error), because `GenServer.call/3` monitors the server.
+
+  ## Telemetry
+
+  `compile/3`, `run/4` and the callbacks `XlaNode.CallbackServer` runs emit `:telemetry` spans
+  when the application has `:telemetry` (an optional dependency): see `XlaNode.Telemetry`.
   """
 
-  alias XlaNode.{Error, Options}
+  alias XlaNode.{Error, Options, Telemetry}
 
   @default_timeout 60_000
 
@@ -57,7 +62,8 @@ defmodule XlaNode do
     callback_server: :process,
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
-    timeout: :timeout
+    timeout: :timeout,
+    telemetry_metadata: :map
   ]
 
   @typedoc "A node name (meaning `{:xla, node}`) or any `GenServer` server."
@@ -81,6 +87,8 @@ defmodule XlaNode do
 
     * `:timeout` - how long to wait for the executable, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
+      (see `XlaNode.Telemetry`)
 
   ## Examples
 
@@ -97,8 +105,23 @@ defmodule XlaNode do
   """
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
-    opts = Options.validate!(opts, "XlaNode.compile/3", timeout: :timeout)
-    call(server, {:compile, IO.iodata_to_binary(mlir)}, Keyword.get(opts, :timeout, :infinity))
+    opts =
+      Options.validate!(opts, "XlaNode.compile/3", timeout: :timeout, telemetry_metadata: :map)
+
+    request = {:compile, IO.iodata_to_binary(mlir)}
+    metadata = telemetry_metadata(server, opts, %{})
+
+    Telemetry.span(:compile, metadata, fn ->
+      result = call(server, request, Keyword.get(opts, :timeout, :infinity))
+
+      stop =
+        case result do
+          {:ok, exe} -> %{exe: exe, error: nil}
+          {:error, error} -> %{exe: nil, error: error}
+        end
+
+      {result, Map.merge(metadata, stop)}
+    end)
   end
 
   @doc """
@@ -131,6 +154,8 @@ defmodule XlaNode do
       `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
     * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
+      (see `XlaNode.Telemetry`)
 
   ## Examples
 
@@ -147,6 +172,7 @@ defmodule XlaNode do
   def run(server, exe, args, opts \\ []) when is_list(args) do
     opts = Options.validate!(opts, "XlaNode.run/4", @run_options)
     {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
+    node_opts = Keyword.delete(node_opts, :telemetry_metadata)
 
     node_opts =
       Enum.map(node_opts, fn
@@ -158,7 +184,19 @@ defmodule XlaNode do
       end)
 
     request = if node_opts == [], do: {:run, exe, args}, else: {:run, exe, args, node_opts}
-    call(server, request, timeout)
+    metadata = telemetry_metadata(server, opts, %{exe: exe})
+
+    Telemetry.span(:run, metadata, fn ->
+      result = call(server, request, timeout)
+
+      error =
+        case result do
+          {:ok, _} -> nil
+          {:error, error} -> error
+        end
+
+      {result, Map.put(metadata, :error, error)}
+    end)
   end
 
   @doc """
@@ -334,6 +372,16 @@ defmodule XlaNode do
   def server(server), do: server
 
   ## Internals
+
+  # The metadata of a call's telemetry events: where it goes, what the call adds, and the
+  # caller's own.
+  defp telemetry_metadata(server, opts, own) do
+    target = server(server)
+
+    %{node: Telemetry.node_of(target), server: target}
+    |> Map.merge(own)
+    |> Map.merge(Keyword.get(opts, :telemetry_metadata, %{}))
+  end
 
   # The :timeout of a function whose only option it is.
   defp timeout!(opts, function) do

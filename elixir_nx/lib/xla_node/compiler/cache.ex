@@ -41,10 +41,10 @@ defmodule XlaNode.Compiler.Cache do
 
   @doc """
   Compiles `text` on `node` and stores `%{exe: exe}` merged with `extra` under `key`; returns
-  the entry, or raises the compile error.
+  the entry, or raises the compile error. `compile_opts` go to `XlaNode.compile/3`.
   """
-  def compile!(key, node, text, extra) do
-    case GenServer.call(__MODULE__, {:compile, key, node, text, extra}, :infinity) do
+  def compile!(key, node, text, extra, compile_opts \\ []) do
+    case GenServer.call(__MODULE__, {:compile, key, node, text, extra, compile_opts}, :infinity) do
       {:ok, entry} -> entry
       {:error, error} -> raise with_line(error, text)
     end
@@ -74,9 +74,9 @@ defmodule XlaNode.Compiler.Cache do
   end
 
   @impl true
-  def handle_call({:compile, key, node, text, extra}, _from, state) do
+  def handle_call({:compile, key, node, text, extra, compile_opts}, _from, state) do
     reply =
-      with {:ok, exe} <- XlaNode.compile(node, text) do
+      with {:ok, exe} <- XlaNode.compile(node, text, compile_opts) do
         entry = Map.put(extra, :exe, exe)
         :ets.insert(@table, {key, entry})
         {:ok, entry}
