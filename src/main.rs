@@ -12,6 +12,7 @@ use std::io::IsTerminal;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use xla_node::metrics;
 use xla_node::node::{cookie, Node, NodeConfig};
 use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
@@ -88,6 +89,10 @@ struct Cli {
     /// `=TARGET` (repeatable): that kernel only.
     #[arg(long = "kernel-version-shim", value_name = "TARGET", num_args = 0..=1, default_missing_value = "")]
     kernel_version_shim: Vec<String>,
+    /// Serves `GET /metrics` (Prometheus text format) at HOST:PORT, on a thread of its own.
+    /// Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
 }
 
 fn full_name(cli: &Cli) -> anyhow::Result<String> {
@@ -125,6 +130,11 @@ fn main() -> anyhow::Result<()> {
         net_ticktime: Duration::from_secs(cli.net_ticktime.max(1)),
         busy_wait: Duration::from_micros(cli.busy_wait_us),
     };
+    let metrics = cli
+        .metrics_addr
+        .as_deref()
+        .map(metrics::endpoint::bind)
+        .transpose()?;
     let signals = watch_signals()?;
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -148,6 +158,7 @@ fn main() -> anyhow::Result<()> {
                 },
             },
         )?;
+        let _metrics = metrics.map(|m| m.serve(server.metrics())).transpose()?;
         node.start_accepting();
         let signal = signals.await?;
         tracing::info!("{signal}: shutting down");
