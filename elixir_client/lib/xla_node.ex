@@ -113,14 +113,8 @@ defmodule XlaNode do
 
     Telemetry.span(:compile, metadata, fn ->
       result = call(server, request, Keyword.get(opts, :timeout, :infinity))
-
-      stop =
-        case result do
-          {:ok, exe} -> %{exe: exe, error: nil}
-          {:error, error} -> %{exe: nil, error: error}
-        end
-
-      {result, Map.merge(metadata, stop)}
+      exe = if match?({:ok, _}, result), do: elem(result, 1)
+      {result, metadata |> Map.put(:exe, exe) |> Telemetry.stop_metadata(result)}
     end)
   end
 
@@ -188,14 +182,7 @@ defmodule XlaNode do
 
     Telemetry.span(:run, metadata, fn ->
       result = call(server, request, timeout)
-
-      error =
-        case result do
-          {:ok, _} -> nil
-          {:error, error} -> error
-        end
-
-      {result, Map.put(metadata, :error, error)}
+      {result, Telemetry.stop_metadata(metadata, result)}
     end)
   end
 

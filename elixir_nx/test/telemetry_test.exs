@@ -8,30 +8,16 @@ defmodule XlaNode.Compiler.TelemetryTest do
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
 
   setup do
-    test = self()
-    handler = "xla_node_nx_telemetry_test"
-
-    events =
-      for op <- [:compile, :run, :callback],
-          kind <- [:start, :stop, :exception],
-          do: [:xla_node, op, kind]
-
-    :ok =
-      :telemetry.attach_many(
-        handler,
-        events,
-        fn event, measurements, metadata, _ ->
-          send(test, {:event, event, measurements, metadata})
-        end,
-        nil
-      )
-
-    on_exit(fn -> :telemetry.detach(handler) end)
+    # telemetry's own test handler: each event as a message {event, ref, measurements, metadata}.
+    ref = :telemetry_test.attach_event_handlers(self(), XlaNode.Telemetry.events())
+    on_exit(fn -> :telemetry.detach(ref) end)
+    %{ref: ref}
   end
 
-  defp events do
+  # Every event received so far.
+  defp events(ref) do
     receive do
-      {:event, event, measurements, metadata} -> [{event, measurements, metadata} | events()]
+      {event, ^ref, measurements, metadata} -> [{event, measurements, metadata} | events(ref)]
     after
       0 -> []
     end
@@ -45,11 +31,13 @@ defmodule XlaNode.Compiler.TelemetryTest do
     Nx.runtime_call(x, x, [], &tripled/2) + 1
   end
 
-  test "compiles and runs carry the compiler and the function's key; callbacks are spans" do
+  test "compiles and runs carry the compiler and the function's key; callbacks are spans", %{
+    ref: ref
+  } do
     f = Nx.Defn.jit(&telemetry_affine/1, compiler: XlaNode.Compiler, node: xla())
     assert Nx.to_flat_list(f.(Nx.tensor([1.0, 2.0]))) == [4.0, 7.0]
     assert Nx.to_flat_list(f.(Nx.tensor([3.0, 4.0]))) == [10.0, 13.0]
-    received = events()
+    received = events(ref)
 
     # One compile (the second call has the same shapes), two runs, two callbacks.
     assert [{start, compile}] = of(received, :compile, :start)
@@ -83,11 +71,11 @@ defmodule XlaNode.Compiler.TelemetryTest do
     Nx.runtime_call(x, x, [], &raising/2) + 1
   end
 
-  test "a callback that raises: its :exception, the run's :stop with the error" do
+  test "a callback that raises: its :exception, the run's :stop with the error", %{ref: ref} do
     f = Nx.Defn.jit(&telemetry_raising/1, compiler: XlaNode.Compiler, node: xla())
     error = assert_raise XlaNode.Error, fn -> f.(Nx.tensor([1.0])) end
     assert error.kind == :runtime_error
-    received = events()
+    received = events(ref)
 
     assert [{m, %{kind: :error, reason: %ArgumentError{}, stacktrace: [_ | _]}}] =
              of(received, :callback, :exception)

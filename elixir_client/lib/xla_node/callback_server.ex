@@ -293,14 +293,7 @@ defmodule XlaNode.CallbackServer do
   defp run_callback(fun, id, args, metadata) do
     XlaNode.Telemetry.span(:callback, metadata, fn ->
       result = fun.(id, args) |> normalize_result()
-
-      error =
-        case result do
-          {:ok, _} -> nil
-          {:error, error} -> error
-        end
-
-      {result, Map.put(metadata, :error, error)}
+      {result, XlaNode.Telemetry.stop_metadata(metadata, result)}
     end)
   rescue
     exception ->

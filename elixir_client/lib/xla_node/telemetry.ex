@@ -36,6 +36,18 @@ defmodule XlaNode.Telemetry do
   @compile {:no_warn_undefined, :telemetry}
 
   @doc """
+  Every event this library emits, for `:telemetry.attach_many/4`.
+
+      :telemetry.attach_many("my-handler", XlaNode.Telemetry.events(), &MyApp.handle/4, nil)
+  """
+  @spec events() :: [[atom()]]
+  def events do
+    for op <- [:compile, :run, :callback],
+        kind <- [:start, :stop, :exception],
+        do: [:xla_node, op, kind]
+  end
+
+  @doc """
   Runs `fun` inside a `[:xla_node, op]` span when `:telemetry` is loaded, and just runs it
   otherwise. `fun` returns `{result, stop_metadata}`, as for `:telemetry.span/3`; the result is
   returned.
@@ -49,6 +61,14 @@ defmodule XlaNode.Telemetry do
       result
     end
   end
+
+  @doc """
+  `metadata` for the `:stop` event of a span that ended with `result`: with `error`, `nil` for
+  `{:ok, _}`, the reason for `{:error, reason}`.
+  """
+  @spec stop_metadata(map(), {:ok, term()} | {:error, term()}) :: map()
+  def stop_metadata(metadata, {:ok, _}), do: Map.put(metadata, :error, nil)
+  def stop_metadata(metadata, {:error, error}), do: Map.put(metadata, :error, error)
 
   @doc """
   The node a `GenServer` server term lives on, as far as the term says: `nil` for `{:global, _}`
