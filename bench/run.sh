@@ -5,6 +5,8 @@
 #   bench/run.sh node       # only: tiny call latency, 16 MiB echo
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient (XlaNode.Compiler) against jax.jit
+#   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
+#                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
 # parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
 # NX_PATH points at a local Nx checkout (with COMPLEX_PATH, TELEMETRY_PATH, and Elixir >= 1.17 on
@@ -26,9 +28,32 @@ if [ "$part" = all ] || [ "$part" = kernels ]; then
     kernel_args=(--kernel "xn_increment=$XLA_NODE_BENCH_KERNELS:xn_increment")
 fi
 target/release/xla_node --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
-node_pid=$!
-trap 'kill $node_pid 2>/dev/null || true' EXIT
-for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $name " && break; sleep 0.1; done
+node_pids=($!)
+trap 'kill "${node_pids[@]}" 2>/dev/null || true' EXIT
+wait_registered() {
+    for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $1 " && return; sleep 0.1; done
+}
+wait_registered "$name"
+if [ "$part" = all ] || [ "$part" = metrics ]; then
+    # The same build with the metrics endpoint on, and optionally another build, side by side.
+    export XLA_NODE_BENCH_METRICS_NODE="xla_bench_metrics_$$"
+    log=/tmp/xla_bench_metrics_node.log
+    target/release/xla_node --sname "$XLA_NODE_BENCH_METRICS_NODE" --cookie "$cookie" \
+        --metrics-addr 127.0.0.1:0 2>"$log" &
+    node_pids+=($!)
+    wait_registered "$XLA_NODE_BENCH_METRICS_NODE"
+    # The node names the port it was given once it serves.
+    for _ in $(seq 50); do grep -q 'serving metrics at' "$log" && break; sleep 0.1; done
+    XLA_NODE_BENCH_METRICS_URL="$(grep -o 'http://[^ ]*/metrics' "$log" | head -1)"
+    export XLA_NODE_BENCH_METRICS_URL
+    if [ -n "${XLA_NODE_BENCH_BASELINE_BIN:-}" ]; then
+        export XLA_NODE_BENCH_BASELINE_NODE="xla_bench_baseline_$$"
+        "$XLA_NODE_BENCH_BASELINE_BIN" --sname "$XLA_NODE_BENCH_BASELINE_NODE" --cookie "$cookie" \
+            2>/tmp/xla_bench_baseline_node.log &
+        node_pids+=($!)
+        wait_registered "$XLA_NODE_BENCH_BASELINE_NODE"
+    fi
+fi
 if [ "$part" != nx ]; then
     elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$part"
 fi

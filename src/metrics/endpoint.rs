@@ -4,8 +4,8 @@
 //! Off unless asked for, and kept away from the distribution: the endpoint has its own
 //! single-threaded runtime on its own thread, so a slow or hostile scraper never takes a thread
 //! that serves peers, and a scrape only reads counters (atomics, and a few locks held for as
-//! long as a count takes). At most [`MAX_CONNECTIONS`] scrapers are served at once; a request
-//! whose headers do not arrive within [`HEADER_TIMEOUT`] is dropped.
+//! long as a count takes). At most 16 scrapers are served at once; a request whose headers do
+//! not arrive within 10 s is dropped.
 //!
 //! Answers: `GET` and `HEAD /metrics` 200, another method there 405 (with `Allow`), any other
 //! path 404.
