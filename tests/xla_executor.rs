@@ -672,10 +672,11 @@ fn compile_cache_hits() {
     assert!(Arc::ptr_eq(&e1, &e2));
     let s = ex.stats();
     assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
-    // A failed compile is neither counted nor cached.
+    // A failed compile is counted as such, and not cached.
     assert!(ex.compile(b"not mlir at all, main".to_vec()).is_err());
     let s = ex.stats();
     assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
+    assert_eq!(s.compile_errors, 1);
     let out = run_host(&e1, &[t(DType::S32, &[5], le(&[1i32, 2, 3, 4, 5]))]).unwrap();
     assert_eq!(out[0].data, le(&[2i32, 4, 6, 8, 10]));
 }

@@ -15,7 +15,8 @@
 
 use super::inspect::inspect;
 use super::target::Resolved;
-use super::Dispatcher;
+use super::wait::Call;
+use super::{Dispatcher, Outcome};
 use crate::node::term::{as_atom, atom, binary_to_term, list, tuple};
 use crate::tensor_term::{shape_term, tensor_term};
 use crate::xla::{Attr, CallFrame, DType, TensorRef, TensorSpec};
@@ -60,19 +61,26 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
     let expected = expected_outputs(&ret_specs[num_aliased..], &what)?;
     crate::node::probe::mark(crate::node::probe::Step::Resolved);
     let Resolved { dest, run } = resolved;
-    let timeout = run.as_ref().map_or(d.default_timeout, |r| r.timeout);
-    let reply = d
+    let call = Call {
+        dest: &dest,
+        run: run.as_ref(),
+        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        what: &what,
+    };
+    let build = |tag| {
+        tuple(vec![
+            atom("exla_runtime_call"),
+            id.clone(),
+            list(args_spec),
+            tag,
+        ])
+    };
+    let binaries = d
         .waiters
-        .call(&dest, run.as_ref(), timeout, &what, &d.counters, |tag| {
-            tuple(vec![
-                atom("exla_runtime_call"),
-                id.clone(),
-                list(args_spec),
-                tag,
-            ])
+        .call(call, &d.counters, build, |reply| {
+            parse_reply(reply, &what, &expected)
         })
         .map_err(|e| e.into_message())?;
-    let binaries = parse_reply(reply, &what, &expected)?;
     let mut rets = frame.rets_mut()?;
     for (i, r) in rets.iter_mut().enumerate() {
         if i < num_aliased {
@@ -100,7 +108,7 @@ pub(crate) fn outfeed(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Result<(), S
     };
     if let Some(run) = &resolved.run {
         if let Some(reason) = run.closed() {
-            d.counters.errors.fetch_add(1, Ordering::Relaxed);
+            d.counters.ended(Outcome::Abandoned);
             return Err(format!("outfeed abandoned: {reason}"));
         }
     }
@@ -150,14 +158,21 @@ pub(crate) fn infeed(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Result<(), St
         .map(|s| shape_term(s.dtype, &s.dims))
         .collect();
     let Resolved { dest, run } = resolved;
-    let timeout = run.as_ref().map_or(d.default_timeout, |r| r.timeout);
-    let reply = d
+    let call = Call {
+        dest: &dest,
+        run: run.as_ref(),
+        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        what: &what,
+    };
+    let binaries = d
         .waiters
-        .call(&dest, run.as_ref(), timeout, &what, &d.counters, |tag| {
-            tuple(vec![atom("exla_infeed"), tag, list(out_spec)])
-        })
+        .call(
+            call,
+            &d.counters,
+            |tag| tuple(vec![atom("exla_infeed"), tag, list(out_spec)]),
+            |reply| parse_reply(reply, &what, &expected),
+        )
         .map_err(|e| e.into_message())?;
-    let binaries = parse_reply(reply, &what, &expected)?;
     for (r, b) in frame.rets_mut()?.iter_mut().zip(&binaries) {
         r.data.copy_from_slice(b);
     }

@@ -134,6 +134,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         let message = match read.await {
             Ok(Some(message)) => {
                 super::probe::frame_read();
+                super::traffic::received_message();
                 message
             }
             Ok(None) => continue,
@@ -172,6 +173,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         Ok(Err(e)) => return Err(format!("connection closed ({e})")),
         Ok(Ok(len)) => len as usize,
     };
+    super::traffic::received_bytes(4 + len);
     if len == 0 {
         return Ok(None); // tick
     }
@@ -512,9 +514,11 @@ async fn write_loop(
         if batch.len() == 0 {
             continue;
         }
+        let bytes = batch.len();
         if let Err(e) = batch.write_to(&mut sink).await {
             return format!("write failed ({e})");
         }
+        super::traffic::sent_bytes(bytes);
         wrote_since_tick = true;
     }
 }

@@ -2,19 +2,18 @@
 //!
 //! [`Node::start`] registers with EPMD, listens for peers and hands out [`Process`]es. Everything
 //! else in the program (the `:xla` server, callback waiters) is a process of this node and talks to
-//! the cluster only through [`Process`] / [`Node`] methods: send, monitor, make_ref, register.
+//! the cluster only through [`Process`] / [`Node`] methods: send, monitor, register.
 //!
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
 //! per-node table, dialling and accepting), `stream` (plain TCP or TLS), `tls` (TLS distribution
 //! settings from OTP's option file, read by `consult`), `connection` (framing, batching writer,
-//! ticks, the message size limit),
-//! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
-//! (control messages), `signals` (what incoming control messages do to local processes),
-//! `native_record` (OTP 29 native records, decoded as tuples),
-//! `process_table` (live processes, registered names, monitors and links), `process` (the
-//! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
-//! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
-//! reply conventions).
+//! ticks, the message size limit), `frame` (frame formats, fragments), `message` (decoded
+//! messages, decoding errors), `control` (control messages), `signals` (what incoming control
+//! messages do to local processes), `native_record` (OTP 29 native records, decoded as tuples),
+//! `process_table` (live processes, registered names, monitors and links), `process` (the handle a
+//! process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a callback's
+//! steps, timed on request), `traffic` (bytes and messages each way), `term`, `flags`, `cookie`,
+//! `gen` (gen_server call and reply conventions).
 
 pub mod busy_wait;
 pub mod connection;
@@ -38,6 +37,7 @@ pub mod signals;
 pub mod stream;
 pub mod term;
 pub mod tls;
+pub mod traffic;
 
 use control::ControlMessage;
 use eetf::{Atom, Pid, Reference, Term};

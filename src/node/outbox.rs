@@ -71,6 +71,7 @@ impl Outbox {
     /// like Erlang's send, if the connection is gone.
     pub fn send(&self, from: &Pid, control: ControlMessage, payload: Option<Term>) {
         let sender = from.id | (from.serial << 15);
+        super::traffic::sent_message();
         let state = self.lock();
         let Some((socket, peer_flags)) = state.link.clone() else {
             let out = Outgoing::Message {
@@ -99,7 +100,11 @@ impl Outbox {
         };
         let slices: Vec<IoSlice> = frame.iter().map(|c| IoSlice::new(c)).collect();
         let total: usize = frame.iter().map(Bytes::len).sum();
-        match socket.as_ref().as_ref().try_write_vectored(&slices) {
+        let written = socket.as_ref().as_ref().try_write_vectored(&slices);
+        if let Ok(n) = written {
+            super::traffic::sent_bytes(n);
+        }
+        match written {
             Ok(n) if n == total => {}
             Ok(n) => {
                 advance(&mut frame, n);

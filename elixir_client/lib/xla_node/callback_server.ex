@@ -36,6 +36,9 @@ defmodule XlaNode.CallbackServer do
   no callback is answered with `{:error, {:unknown_callback, "no callback registered for id
   ..."}}`.
 
+  Each callback run is a `[:xla_node, :callback]` `:telemetry` span when the application has
+  `:telemetry` (see `XlaNode.Telemetry`).
+
   ## Options
 
     * `:name` - registers the server (as with `GenServer.start_link/3`): an atom,
@@ -226,7 +229,11 @@ defmodule XlaNode.CallbackServer do
   def handle_info({:exla_runtime_call, id, args, reply_to}, state) do
     case lookup(state.callbacks, id) do
       {:ok, fun} ->
-        {_pid, monitor} = spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args)) end)
+        metadata = %{node: caller_node(reply_to), callback_server: self(), callback_id: id}
+
+        {_pid, monitor} =
+          spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args, metadata)) end)
+
         {:noreply, put_in(state.tasks[monitor], reply_to)}
 
       :error ->
@@ -281,8 +288,13 @@ defmodule XlaNode.CallbackServer do
     end
   end
 
-  defp run_callback(fun, id, args) do
-    fun.(id, args) |> normalize_result()
+  # Inside a [:xla_node, :callback] telemetry span; an exception is reported by the span, then
+  # answered here.
+  defp run_callback(fun, id, args, metadata) do
+    XlaNode.Telemetry.span(:callback, metadata, fn ->
+      result = fun.(id, args) |> normalize_result()
+      {result, XlaNode.Telemetry.stop_metadata(metadata, result)}
+    end)
   rescue
     exception ->
       {:error,
@@ -365,6 +377,9 @@ defmodule XlaNode.CallbackServer do
   defp reply(tag, reply) do
     Logger.error("#{inspect(__MODULE__)} cannot reply #{inspect(reply)} to tag #{inspect(tag)}")
   end
+
+  defp caller_node({pid, _ref}) when is_pid(pid), do: node(pid)
+  defp caller_node(_tag), do: nil
 
   defp deliver_outfeed(nil, _args), do: :ok
 

@@ -1800,7 +1800,9 @@ defmodule XlaNode.MLIR do
     target = check_target!("outfeed", target)
 
     [flag] =
-      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}], has_side_effect: true)
+      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}],
+        has_side_effect: true
+      )
 
     flag
   end
