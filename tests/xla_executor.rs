@@ -906,14 +906,14 @@ fn unregistered_target_is_a_compile_error() {
 // Tensors hold their bytes as Nx packs them: 2- and 4-bit elements share bytes, element 0 in
 // the most significant bits (`s4 [7, -8]` is `0x78`), the unused low bits of the last byte zero.
 
-/// The new types with their MLIR element type.
-const NEW_TYPES: [(DType, &str); 6] = [
-    (DType::S2, "i2"),
-    (DType::S4, "i4"),
-    (DType::U2, "ui2"),
-    (DType::U4, "ui4"),
-    (DType::F8E5M2, "f8E5M2"),
-    (DType::F8E4M3FN, "f8E4M3FN"),
+/// The new types.
+const NEW_TYPES: [DType; 6] = [
+    DType::S2,
+    DType::S4,
+    DType::U2,
+    DType::U4,
+    DType::F8E5M2,
+    DType::F8E4M3FN,
 ];
 
 /// Every value of a type, in Nx's bytes, and its value as an f32: the 4 or 16 integers of a
@@ -978,7 +978,8 @@ fn new_types_round_trip_bit_for_bit() {
             "func.func @main(%a: tensor<{dims}{ty}>) -> tensor<{dims}{ty}> {{\n  return %a : tensor<{dims}{ty}>\n}}\n"
         ))
     };
-    for (dtype, ty) in NEW_TYPES {
+    for dtype in NEW_TYPES {
+        let ty = dtype.mlir();
         for dims in [
             vec![],
             vec![0],
@@ -1019,7 +1020,8 @@ fn new_types_round_trip_bit_for_bit() {
 
 #[test]
 fn new_types_convert_to_f32_and_back() {
-    for (dtype, ty) in NEW_TYPES {
+    for dtype in NEW_TYPES {
+        let ty = dtype.mlir();
         let (bytes, values) = every_value(dtype);
         let n = values.len();
         let program = format!(
@@ -1052,65 +1054,37 @@ fn new_types_convert_to_f32_and_back() {
 
 #[test]
 fn new_types_arithmetic() {
-    // Integers wrap around within their bits.
-    assert_eq!(
-        binary(
-            "add",
-            "i4",
-            DType::S4,
-            4,
-            vec![0x78, 0x3f],
-            vec![0x1f, 0x4f]
-        ),
-        vec![0x87, 0x7e],
-        "s4 [7, -8, 3, -1] + [1, -1, 4, -1] = [-8, 7, 7, -2]"
+    // (op, type, element count, a, b, a op b, what): integers wrap around within their bits.
+    type Case = (
+        &'static str,
+        DType,
+        i64,
+        &'static [u8],
+        &'static [u8],
+        &'static [u8],
     );
-    assert_eq!(
-        binary(
-            "add",
-            "ui4",
-            DType::U4,
-            3,
-            vec![0xf1, 0x90],
-            vec![0x12, 0x90]
-        ),
-        vec![0x03, 0x20],
-        "u4 [15, 1, 9] + [1, 2, 9] = [0, 3, 2]"
-    );
-    assert_eq!(
-        binary("multiply", "ui2", DType::U2, 4, vec![0xe7], vec![0xfa]),
-        vec![0x6a],
-        "u2 [3, 2, 1, 3] * [3, 3, 2, 2] = [1, 2, 2, 2]"
-    );
-    assert_eq!(
-        binary("subtract", "i2", DType::S2, 3, vec![0x60], vec![0xd4]),
-        vec![0x9c],
-        "s2 [1, -2, 0] - [-1, 1, 1] = [-2, 1, -1]"
-    );
-    assert_eq!(
-        binary(
-            "add",
-            "f8E5M2",
-            DType::F8E5M2,
-            3,
-            vec![0x3e, 0xc0, 0x34],
-            vec![0x40, 0x38, 0x34]
-        ),
-        vec![0x43, 0xbe, 0x38],
-        "f8 [1.5, -2.0, 0.25] + [2.0, 0.5, 0.25] = [3.5, -1.5, 0.5]"
-    );
-    assert_eq!(
-        binary(
-            "multiply",
-            "f8E4M3FN",
-            DType::F8E4M3FN,
-            3,
-            vec![0x3c, 0xc0, 0x28],
-            vec![0x40, 0x30, 0x48]
-        ),
-        vec![0x44, 0xb8, 0x38],
-        "f8_e4m3fn [1.5, -2.0, 0.25] * [2.0, 0.5, 4.0] = [3.0, -1.0, 1.0]"
-    );
+    #[rustfmt::skip]
+    let cases: [(Case, &str); 6] = [
+        (("add", DType::S4, 4, &[0x78, 0x3f], &[0x1f, 0x4f], &[0x87, 0x7e]),
+            "s4 [7, -8, 3, -1] + [1, -1, 4, -1] = [-8, 7, 7, -2]"),
+        (("add", DType::U4, 3, &[0xf1, 0x90], &[0x12, 0x90], &[0x03, 0x20]),
+            "u4 [15, 1, 9] + [1, 2, 9] = [0, 3, 2]"),
+        (("multiply", DType::U2, 4, &[0xe7], &[0xfa], &[0x6a]),
+            "u2 [3, 2, 1, 3] * [3, 3, 2, 2] = [1, 2, 2, 2]"),
+        (("subtract", DType::S2, 3, &[0x60], &[0xd4], &[0x9c]),
+            "s2 [1, -2, 0] - [-1, 1, 1] = [-2, 1, -1]"),
+        (("add", DType::F8E5M2, 3, &[0x3e, 0xc0, 0x34], &[0x40, 0x38, 0x34], &[0x43, 0xbe, 0x38]),
+            "f8 [1.5, -2.0, 0.25] + [2.0, 0.5, 0.25] = [3.5, -1.5, 0.5]"),
+        (("multiply", DType::F8E4M3FN, 3, &[0x3c, 0xc0, 0x28], &[0x40, 0x30, 0x48], &[0x44, 0xb8, 0x38]),
+            "f8_e4m3fn [1.5, -2.0, 0.25] * [2.0, 0.5, 4.0] = [3.0, -1.0, 1.0]"),
+    ];
+    for ((op, dtype, n, a, b, want), what) in cases {
+        assert_eq!(
+            binary(op, dtype.mlir(), dtype, n, a.to_vec(), b.to_vec()),
+            want,
+            "{what}"
+        );
+    }
     // A 4-bit sort and dot product, which XLA's CPU backend computes right.
     let out = run(
         "func.func @main(%a: tensor<5xi4>) -> (tensor<5xi4>, tensor<i4>) {
@@ -1141,11 +1115,6 @@ fn two_bit_concatenate_and_sort_are_refused() {
   %0 = stablehlo.concatenate %a, %b, dim = 0 : (tensor<3xi2>, tensor<2xi2>) -> tensor<5xi2>
   return %0 : tensor<5xi2>
 }";
-    let err = client().compile(concat.as_bytes()).unwrap_err();
-    assert!(
-        matches!(err, XlaError::Compile(ref m) if m.contains("concatenate of 2-bit integers")),
-        "{err:?}"
-    );
     let sort = "func.func @main(%a: tensor<9xui2>) -> tensor<9xui2> {
   %0 = \"stablehlo.sort\"(%a) ({
   ^bb0(%x: tensor<ui2>, %y: tensor<ui2>):
@@ -1154,11 +1123,16 @@ fn two_bit_concatenate_and_sort_are_refused() {
   }) {dimension = 0 : i64, is_stable = true} : (tensor<9xui2>) -> tensor<9xui2>
   return %0 : tensor<9xui2>
 }";
-    let err = client().compile(sort.as_bytes()).unwrap_err();
-    assert!(
-        matches!(err, XlaError::Compile(ref m) if m.contains("sort of 2-bit integers")),
-        "{err:?}"
-    );
+    for (program, refusal) in [
+        (concat, "concatenate of 2-bit integers"),
+        (sort, "sort of 2-bit integers"),
+    ] {
+        let err = client().compile(program.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, XlaError::Compile(ref m) if m.contains(refusal)),
+            "{err:?}"
+        );
+    }
     // The same on 4-bit integers compiles, and 2-bit integers still work elsewhere.
     assert!(client()
         .compile(concat.replace("i2>", "i4>").as_bytes())

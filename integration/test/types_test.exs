@@ -148,17 +148,19 @@ defmodule XlaNode.TypesTest do
     end
   end
 
+  # main(a, b) = op(a, b), both of type `t`.
+  defp binary_program(op, t) do
+    """
+    func.func @main(%a: #{t}, %b: #{t}) -> #{t} {
+      %0 = stablehlo.#{op} %a, %b : #{t}
+      return %0 : #{t}
+    }
+    """
+  end
+
   test "arithmetic, and buffers kept on the device", %{node: node} do
     s4 = {:s, 4}
-    t = tensor_type(s4, [3])
-
-    exe =
-      compile!(node, """
-      func.func @main(%a: #{t}, %b: #{t}) -> #{t} {
-        %0 = stablehlo.add %a, %b : #{t}
-        return %0 : #{t}
-      }
-      """)
+    exe = compile!(node, binary_program("add", tensor_type(s4, [3])))
 
     a = {nx_binary([7, -8, 3], s4), {s4, [3]}}
     b = {nx_binary([1, -1, -5], s4), {s4, [3]}}
@@ -172,15 +174,7 @@ defmodule XlaNode.TypesTest do
     assert nx_values(twice, s4) == [0, -2, -4]
 
     f8 = {:f8_e4m3fn, 8}
-    t = tensor_type(f8, [2])
-
-    exe =
-      compile!(node, """
-      func.func @main(%a: #{t}, %b: #{t}) -> #{t} {
-        %0 = stablehlo.multiply %a, %b : #{t}
-        return %0 : #{t}
-      }
-      """)
+    exe = compile!(node, binary_program("multiply", tensor_type(f8, [2])))
 
     # [1.5, -2.0] * [2.0, 0.25] = [3.0, -0.5]
     assert {:ok, [{<<0x44, 0xB0>>, {^f8, [2]}}]} =

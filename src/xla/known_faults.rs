@@ -5,12 +5,17 @@
 //!   which aborts the whole process, and
 //! * computes a `sort` wrongly, writing outside its buffers: wrong results, then a corrupted heap.
 //!
-//! Every other operation on them that the node's tests try computes what it should (the 4-bit
-//! and 8-bit float types have neither fault). So a program is refused if it concatenates or
-//! sorts 2-bit integers: MLIR text is read before it reaches XLA ([`check_text`]); the optimized
-//! HLO, after compiling and before the executable is handed out ([`check_hlo`]), catches sorts
-//! in bytecode programs and those XLA introduces itself. A concatenate in a bytecode program
-//! cannot be seen before XLA compiles it, and aborts.
+//! Other operations on them (elementwise arithmetic and bitwise ops, converts, shape ops,
+//! slices, pads, gathers, scatters, reductions, windows, loops) compute what they should, as
+//! compared with a reference on tensors of 1 to 17 elements; `dot_general` and `convolution`
+//! are compile errors of XLA's own. The 4-bit and 8-bit float types have neither fault, sorts
+//! and dot products included.
+//!
+//! So a program that concatenates or sorts 2-bit integers is refused: MLIR text is read before
+//! it reaches XLA ([`check_text`]); the optimized HLO, after compiling and before the executable
+//! is handed out ([`check_hlo`]), catches sorts in bytecode programs and those XLA introduces
+//! itself. A concatenate in a bytecode program cannot be seen before XLA compiles it, and
+//! aborts.
 
 use super::dtype::DType;
 use super::proto::{sub_message, sub_messages, varint_field};
