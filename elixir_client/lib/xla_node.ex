@@ -32,8 +32,9 @@ defmodule XlaNode do
 
   ## Tensors and buffers
 
-  A tensor is `{binary, {type, dims}}`: `type` is an Nx-style type such as `{:f, 32}`, `dims` a
-  list, `binary` the row-major little-endian data. `XlaNode.Tensor` builds and reads them.
+  A tensor is `{binary, {type, dims}}`: `type` is an Nx type such as `{:f, 32}` or `{:u, 4}`,
+  `dims` a list, `binary` the row-major little-endian data as `Nx.to_binary/1` gives it (a
+  bitstring for 2- and 4-bit types). `XlaNode.Tensor` builds and reads them.
   Executables and device buffers are references owned by the process that created them: the
   node frees them when it exits, or explicitly with `free/3`.
 

@@ -25,7 +25,8 @@ defmodule XlaNode.CallbackServer do
   A callback returns
 
     * `{:ok, results}` - one entry per result of the custom call, each a binary of exactly the
-      result's byte size, or a tensor (`{binary, {type, dims}}`, whose binary is sent)
+      result's size (for 2- and 4-bit types a bitstring of `size * bits` bits, as
+      `Nx.to_binary/1` gives it), or a tensor (`{binary, {type, dims}}`, whose binary is sent)
     * `{:error, {kind, message}}` - `kind` an atom, `message` a binary (other terms are
       inspected); the run then fails with that error
 
@@ -306,7 +307,7 @@ defmodule XlaNode.CallbackServer do
   end
 
   defp normalize_result({:ok, results} = result) when is_list(results) do
-    if Enum.all?(results, &(is_binary(&1) or tensor?(&1))) do
+    if Enum.all?(results, &(is_bitstring(&1) or tensor?(&1))) do
       {:ok, Enum.map(results, &to_binary/1)}
     else
       invalid(result)
@@ -331,11 +332,11 @@ defmodule XlaNode.CallbackServer do
         "got: #{inspect(other, limit: 20, printable_limit: 100)}"}}
   end
 
-  defp tensor?({bin, {_type, dims}}) when is_binary(bin) and is_list(dims), do: true
+  defp tensor?({bin, {_type, dims}}) when is_bitstring(bin) and is_list(dims), do: true
   defp tensor?(_), do: false
 
-  defp to_binary(bin) when is_binary(bin), do: bin
-  defp to_binary({bin, {_type, _dims}}) when is_binary(bin), do: bin
+  defp to_binary(bin) when is_bitstring(bin), do: bin
+  defp to_binary({bin, {_type, _dims}}) when is_bitstring(bin), do: bin
 
   defp to_binary(other),
     do: raise(ArgumentError, "expected a binary or a tensor, got #{inspect(other)}")
@@ -352,19 +353,21 @@ defmodule XlaNode.CallbackServer do
   end
 
   defp check_infeed(out_spec, values) when is_list(out_spec) do
-    expected =
-      Enum.map(out_spec, fn {type, dims} ->
-        Tensor.element_size(type) * Enum.reduce(dims, 1, &(&1 * &2))
-      end)
+    expected = Enum.map(out_spec, fn {type, dims} -> Tensor.bit_size(type, dims) end)
+    given = Enum.map(values, &bit_size/1)
 
-    given = Enum.map(values, &byte_size/1)
+    # Sizes in bytes, unless a value is not a whole number of them (2- and 4-bit types).
+    {unit, scale} =
+      if Enum.all?(expected ++ given, &(rem(&1, 8) == 0)), do: {"bytes", 8}, else: {"bits", 1}
+
+    sizes = fn sizes -> inspect(Enum.map(sizes, &div(&1, scale)), charlists: :as_lists) end
 
     if expected == given,
       do: :ok,
       else:
         {:error,
-         "infeed expects #{length(expected)} value(s) of #{inspect(expected, charlists: :as_lists)} bytes " <>
-           "(#{inspect(out_spec)}), got #{length(given)} of #{inspect(given, charlists: :as_lists)} bytes"}
+         "infeed expects #{length(expected)} value(s) of #{sizes.(expected)} #{unit} " <>
+           "(#{inspect(out_spec)}), got #{length(given)} of #{sizes.(given)} #{unit}"}
   rescue
     # A type this library does not know: let the node check the sizes.
     _ -> :ok
