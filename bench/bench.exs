@@ -53,7 +53,7 @@ defmodule Bench do
   defdelegate median(samples), to: Bench.Timing
   defdelegate p99(samples), to: Bench.Timing
   defdelegate time(fun), to: Bench.Timing
-  defdelegate interleave(funs, rounds, n), to: Bench.Timing
+  defdelegate interleave(funs, rounds, n, opts \\ []), to: Bench.Timing
 
   def report(title, rows), do: IO.puts("\n## #{title}\n" <> Enum.map_join(rows, "\n", fn r -> "  " <> r end))
   # With XLA_NODE_CALLBACK_TRACE=1 in the node's environment, :info has the median time from a
@@ -301,4 +301,60 @@ if parts in ["all", "kernels"] do
     "  as stablehlo.add:    median #{Bench.us(fixed)}",
     "  ratio with/without the kernel: #{Float.round(Bench.median(s.with) / fixed, 3)}"
   ])
+end
+
+if parts in ["all", "metrics"] do
+  # Two nodes of this build: `off` without --metrics-addr, `on` with it and scraped every second
+  # throughout (Prometheus scrapes every 15 s to 1 min). Both record their counters and
+  # histograms, which `:info` reports whatever the flag; XLA_NODE_BENCH_BASELINE_BIN adds a node
+  # of another build (one from before the metrics, say) to compare the recording with. Rounds
+  # of 400 calls to each node, 50 of them, in an order that rotates.
+  on = :"#{System.fetch_env!("XLA_NODE_BENCH_METRICS_NODE")}@#{host}"
+  url = String.to_charlist(System.fetch_env!("XLA_NODE_BENCH_METRICS_URL"))
+  baseline = System.get_env("XLA_NODE_BENCH_BASELINE_NODE")
+  nodes = [off: xla, on: on] ++ if(baseline, do: [baseline: :"#{baseline}@#{host}"], else: [])
+  for {_, n} <- nodes, do: true = Node.connect(n)
+  {:ok, _} = Application.ensure_all_started(:inets)
+  parent = self()
+
+  scraper =
+    spawn_link(fn ->
+      scrape = fn scrape, count ->
+        {:ok, {{_, 200, _}, _, _}} = :httpc.request(:get, {url, []}, [], body_format: :binary)
+
+        receive do
+          :stop -> send(parent, {:scrapes, count + 1})
+        after
+          1_000 -> scrape.(scrape, count + 1)
+        end
+      end
+
+      scrape.(scrape, 0)
+    end)
+
+  x = Bench.f32x4()
+  exes = Map.new(nodes, fn {k, n} -> {k, elem(GenServer.call({:xla, n}, {:compile, Bench.add_one()}), 1)} end)
+  ping = fn n -> fn -> :pong = GenServer.call({:xla, n}, :ping) end end
+  run = fn k, n -> fn -> {:ok, [_]} = GenServer.call({:xla, n}, {:run, exes[k], [x]}) end end
+
+  for {k, n} <- nodes, _ <- 1..2000, do: {ping.(n).(), run.(k, n).()}
+  pings = Bench.interleave(for({k, n} <- nodes, do: {k, ping.(n)}), 50, 400, rotate: true)
+  runs = Bench.interleave(for({k, n} <- nodes, do: {k, run.(k, n)}), 50, 400, rotate: true)
+  send(scraper, :stop)
+  scrapes = receive do: ({:scrapes, count} -> count)
+
+  rows = fn samples ->
+    off = Bench.median(samples.off)
+
+    Enum.map(nodes, fn {k, _} ->
+      m = Bench.median(samples[k])
+      "#{String.pad_trailing(Atom.to_string(k), 9)} median #{Bench.us(m)}, p99 #{Bench.us(Bench.p99(samples[k]))}, over off #{Float.round(m / off, 3)}"
+    end)
+  end
+
+  Bench.report(
+    "metrics: tiny calls with --metrics-addr (on, scraped every second: #{scrapes} scrapes) and without (off), 20,000 each, interleaved",
+    ["GenServer.call :ping"] ++ rows.(pings) ++ ["{:run, exe, [f32[4]]} of x + 1"] ++ rows.(runs) ++
+      ["target: on within 2% of off (ratio <= 1.02)"]
+  )
 end

@@ -10,6 +10,8 @@
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
 #                           # params on the node) against jax.jit; eager XlaNode.Backend ops
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
+#   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
+#                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 # XLA_NODE_BIN names another node binary to measure (default: target/release/xla_node).
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
 # parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
@@ -46,6 +48,26 @@ wait_registered() {
 "$bin" --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
 pids+=($!)
 wait_registered "$name"
+if [ "$part" = all ] || [ "$part" = metrics ]; then
+    # The same build with the metrics endpoint on, and optionally another build, side by side.
+    export XLA_NODE_BENCH_METRICS_NODE="xla_bench_metrics_$$"
+    log=/tmp/xla_bench_metrics_node.log
+    "$bin" --sname "$XLA_NODE_BENCH_METRICS_NODE" --cookie "$cookie" \
+        --metrics-addr 127.0.0.1:0 2>"$log" &
+    pids+=($!)
+    wait_registered "$XLA_NODE_BENCH_METRICS_NODE"
+    # The node names the port it was given once it serves.
+    for _ in $(seq 50); do grep -q 'serving metrics at' "$log" && break; sleep 0.1; done
+    XLA_NODE_BENCH_METRICS_URL="$(grep -o 'http://[^ ]*/metrics' "$log" | head -1)"
+    export XLA_NODE_BENCH_METRICS_URL
+    if [ -n "${XLA_NODE_BENCH_BASELINE_BIN:-}" ]; then
+        export XLA_NODE_BENCH_BASELINE_NODE="xla_bench_baseline_$$"
+        "$XLA_NODE_BENCH_BASELINE_BIN" --sname "$XLA_NODE_BENCH_BASELINE_NODE" --cookie "$cookie" \
+            2>/tmp/xla_bench_baseline_node.log &
+        pids+=($!)
+        wait_registered "$XLA_NODE_BENCH_BASELINE_NODE"
+    fi
+fi
 if [ "$part" != nx ] && [ "$part" != pool ]; then
     # The tls part compares with the same figures over plain TCP, taken in the same run.
     plain_part="$part"

@@ -12,12 +12,22 @@ defmodule Bench.Timing do
     (System.monotonic_time(:nanosecond) - t0) / 1000
   end
 
-  @doc "`rounds` rounds of `n` calls of each function in turn; the samples per function."
-  def interleave(funs, rounds, n) do
-    Enum.reduce(1..rounds, Map.new(funs, fn {k, _} -> {k, []} end), fn _, acc ->
-      Enum.reduce(funs, acc, fn {k, f}, acc ->
+  @doc """
+  `rounds` rounds of `n` calls of each function in turn; the samples per function. `rotate:
+  true` starts each round with the next function, so that none always follows the same one.
+  """
+  def interleave(funs, rounds, n, opts \\ []) do
+    Enum.reduce(1..rounds, Map.new(funs, fn {k, _} -> {k, []} end), fn round, acc ->
+      order = if opts[:rotate], do: rotate(funs, round), else: funs
+
+      Enum.reduce(order, acc, fn {k, f}, acc ->
         Map.update!(acc, k, &(for(_ <- 1..n, do: time(f)) ++ &1))
       end)
     end)
+  end
+
+  defp rotate(list, by) do
+    {front, back} = Enum.split(list, rem(by, length(list)))
+    back ++ front
   end
 end

@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod dispatch;
+pub mod metrics;
 pub mod node;
 pub mod server;
 pub mod tensor_term;

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use xla_node::metrics;
 use xla_node::node::frame::DEFAULT_MAX_MESSAGE_SIZE;
 use xla_node::node::tls::TlsDist;
 use xla_node::node::{cookie, Node, NodeConfig};
@@ -105,6 +106,10 @@ struct Cli {
     /// `=TARGET` (repeatable): that kernel only.
     #[arg(long = "kernel-version-shim", value_name = "TARGET", num_args = 0..=1, default_missing_value = "")]
     kernel_version_shim: Vec<String>,
+    /// Serves `GET /metrics` (Prometheus text format) at HOST:PORT, on a thread of its own.
+    /// Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -190,6 +195,11 @@ fn main() -> anyhow::Result<()> {
         tls,
         max_message_bytes: cli.max_message_bytes,
     };
+    let metrics = cli
+        .metrics_addr
+        .as_deref()
+        .map(metrics::endpoint::bind)
+        .transpose()?;
     let signals = watch_signals()?;
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -213,6 +223,7 @@ fn main() -> anyhow::Result<()> {
                 },
             },
         )?;
+        let _metrics = metrics.map(|m| m.serve(server.metrics())).transpose()?;
         node.start_accepting();
         let signal = signals.await?;
         tracing::info!("{signal}: shutting down");

@@ -12,7 +12,7 @@ mod common;
 
 use common::{plugin, run_host};
 use eetf::{Pid, Term};
-use xla_node::dispatch::{Dispatcher, RunCallbacks, RunHandle};
+use xla_node::dispatch::{Dispatcher, Outcome, RunCallbacks, RunHandle};
 use xla_node::node::term::{as_atom, as_i64, as_list, atom, int, term_to_binary, tuple};
 use xla_node::node::{Dest, Node, NodeConfig, Process, Signal};
 use xla_node::xla::{Client, DType, Executable, HostTensor, XlaError};
@@ -385,6 +385,9 @@ fn runtime_call_in_exla_form() {
     let after = e.dispatcher.stats();
     assert!(after.callbacks >= before.callbacks + 2);
     assert!(after.replies >= before.replies + 2);
+    // Counted by outcome, each reply's round trip timed (other tests add to these meanwhile).
+    assert!(after.ended(Outcome::Ok) >= before.ended(Outcome::Ok) + 2);
+    assert!(after.round_trip.count() >= before.round_trip.count() + 2);
 }
 
 #[test]
@@ -426,6 +429,7 @@ fn reply_errors_fail_the_run_with_clear_text() {
     let req = requester(e);
     let (_run, handle) = e.open_run(Some(e.cb(&e.a)), req.pid().clone(), Duration::from_secs(5));
     let h = handle;
+    let before = e.dispatcher.stats();
 
     let exe = e.compile(&runtime_call_module(&atom("wrong_size"), CB8, F4));
     let err = run_err(&exe, &[h.clone(), x4()]);
@@ -447,6 +451,9 @@ fn reply_errors_fail_the_run_with_clear_text() {
     let exe = e.compile(&runtime_call_module(&atom("garbage"), CB8, F4));
     let err = run_err(&exe, &[h.clone(), x4()]);
     assert!(err.contains("callback :garbage replied :what"), "{err}");
+    // Replies, each a callback that ended in error.
+    let after = e.dispatcher.stats();
+    assert!(after.ended(Outcome::Error) >= before.ended(Outcome::Error) + 3);
 
     // The run and the target keep working after failed callbacks.
     let exe = e.compile(&runtime_call_module(&atom("add_one"), CB8, F4));
@@ -492,6 +499,7 @@ fn target_dies_mid_wait() {
         req.pid().clone(),
         Duration::from_secs(20),
     );
+    let before = e.dispatcher.stats();
     let t = Instant::now();
     let err = run_err(&exe, &[handle.clone(), x4()]);
     eprintln!("target died: {err} after {:?}", t.elapsed());
@@ -521,6 +529,8 @@ fn target_dies_mid_wait() {
         )),
         "{err}"
     );
+    let after = e.dispatcher.stats();
+    assert!(after.ended(Outcome::TargetDown) >= before.ended(Outcome::TargetDown) + 2);
 }
 
 #[test]
@@ -557,10 +567,13 @@ fn timeout_and_late_replies() {
     );
     let h = handle;
     let exe = e.compile(&runtime_call_module(&atom("never"), CB8, F4));
+    let before = e.dispatcher.stats();
     let t = Instant::now();
     let err = run_err(&exe, &[h.clone(), x4()]);
     assert!(t.elapsed() < Duration::from_secs(3));
     assert!(err.contains("callback timed out after 300 ms"), "{err}");
+    let after = e.dispatcher.stats();
+    assert!(after.ended(Outcome::Timeout) > before.ended(Outcome::Timeout));
 
     // A reply that arrives after its callback timed out (zeros, after 600 ms) must never be
     // taken for the reply of a later callback.
@@ -597,10 +610,13 @@ fn requester_death_abandons_the_run() {
     );
     // Later callbacks of the run fail at once.
     let add = e.compile(&runtime_call_module(&atom("add_one"), CB8, F4));
+    let before = e.dispatcher.stats();
     let t = Instant::now();
     let err = run_err(&add, &[h, x4()]);
     assert!(t.elapsed() < Duration::from_secs(1));
     assert!(err.contains("abandoned"), "{err}");
+    let after = e.dispatcher.stats();
+    assert!(after.ended(Outcome::Abandoned) > before.ended(Outcome::Abandoned));
 }
 
 #[test]

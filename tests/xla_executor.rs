@@ -578,12 +578,14 @@ fn argument_errors_name_the_index() {
 fn buffers_round_trip_and_report_types() {
     let c = client();
     for d in DType::ALL {
-        let data: Vec<u8> = (0..(6 * d.byte_size()))
+        let data: Vec<u8> = (0..TensorSpec::new(d, vec![2, 3]).byte_size())
             .map(|i| {
                 if d == DType::Pred {
                     (i % 2) as u8
                 } else {
-                    i as u8
+                    // 6 two-bit elements leave the low 4 bits of the second byte unused.
+                    (i as u8).wrapping_mul(0x35).wrapping_add(0x93)
+                        & if d.bits() == 2 && i == 1 { 0xf0 } else { 0xff }
                 }
             })
             .collect();
@@ -672,10 +674,11 @@ fn compile_cache_hits() {
     assert!(Arc::ptr_eq(&e1, &e2));
     let s = ex.stats();
     assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
-    // A failed compile is neither counted nor cached.
+    // A failed compile is counted as such, and not cached.
     assert!(ex.compile(b"not mlir at all, main".to_vec()).is_err());
     let s = ex.stats();
     assert_eq!((s.compiles, s.cache_hits, s.cached), (1, 1, 1));
+    assert_eq!(s.compile_errors, 1);
     let out = run_host(&e1, &[t(DType::S32, &[5], le(&[1i32, 2, 3, 4, 5]))]).unwrap();
     assert_eq!(out[0].data, le(&[2i32, 4, 6, 8, 10]));
 }
@@ -897,6 +900,300 @@ fn unregistered_target_is_a_compile_error() {
         matches!(err, XlaError::Compile(ref m) if m.contains("xla_node_never_registered")),
         "{err:?}"
     );
+}
+
+// ----- The types Nx has beyond the classic ones: s2, s4, u2, u4, f8 (E5M2), f8_e4m3fn -----
+//
+// Tensors hold their bytes as Nx packs them: 2- and 4-bit elements share bytes, element 0 in
+// the most significant bits (`s4 [7, -8]` is `0x78`), the unused low bits of the last byte zero.
+
+/// The new types.
+const NEW_TYPES: [DType; 6] = [
+    DType::S2,
+    DType::S4,
+    DType::U2,
+    DType::U4,
+    DType::F8E5M2,
+    DType::F8E4M3FN,
+];
+
+/// Every value of a type, in Nx's bytes, and its value as an f32: the 4 or 16 integers of a
+/// 2- or 4-bit type (counting up from 0 in their bits), the 256 bit patterns of an 8-bit float.
+fn every_value(dtype: DType) -> (Vec<u8>, Vec<f32>) {
+    let signed = matches!(dtype, DType::S2 | DType::S4);
+    match dtype.bits() {
+        2 => (
+            vec![0b00_01_10_11],
+            if signed {
+                vec![0.0, 1.0, -2.0, -1.0]
+            } else {
+                vec![0.0, 1.0, 2.0, 3.0]
+            },
+        ),
+        4 => (
+            vec![0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef],
+            (0..16)
+                .map(|v| if signed && v >= 8 { v - 16 } else { v } as f32)
+                .collect(),
+        ),
+        _ => {
+            let bytes: Vec<u8> = (0..=255).collect();
+            let values = bytes.iter().map(|&b| f8_value(dtype, b)).collect();
+            (bytes, values)
+        }
+    }
+}
+
+/// The value of an 8-bit float, decoded from its fields.
+fn f8_value(dtype: DType, b: u8) -> f32 {
+    let (exponent_bits, bias) = if dtype == DType::F8E5M2 {
+        (5, 15)
+    } else {
+        (4, 7)
+    };
+    let mantissa_bits = 7 - exponent_bits;
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((b & 0x7f) >> mantissa_bits);
+    let m = f32::from(b & ((1 << mantissa_bits) - 1));
+    let max_e = (1 << exponent_bits) - 1;
+    let scale = (1 << mantissa_bits) as f32;
+    match dtype {
+        DType::F8E5M2 if e == max_e => {
+            if m == 0.0 {
+                sign * f32::INFINITY
+            } else {
+                f32::NAN
+            }
+        }
+        DType::F8E4M3FN if e == max_e && m == 7.0 => f32::NAN,
+        _ if e == 0 => sign * m / scale * 2f32.powi(1 - bias),
+        _ => sign * (1.0 + m / scale) * 2f32.powi(e - bias),
+    }
+}
+
+#[test]
+fn new_types_round_trip_bit_for_bit() {
+    let c = client();
+    let identity = |ty: &str, dims: &str| {
+        compile(&format!(
+            "func.func @main(%a: tensor<{dims}{ty}>) -> tensor<{dims}{ty}> {{\n  return %a : tensor<{dims}{ty}>\n}}\n"
+        ))
+    };
+    for dtype in NEW_TYPES {
+        let ty = dtype.mlir();
+        for dims in [
+            vec![],
+            vec![0],
+            vec![1],
+            vec![3],
+            vec![5],
+            vec![2, 3],
+            vec![17, 3],
+        ] {
+            let spec = TensorSpec::new(dtype, dims.clone());
+            let mut data: Vec<u8> = (0..spec.byte_size())
+                .map(|i| (i as u8).wrapping_mul(0x9d) ^ 0x5a)
+                .collect();
+            // The unused low bits of the last byte are zero, as in Nx's binaries.
+            if let Some(last) = data.last_mut() {
+                *last &= 0xffu8 << ((8 - spec.bit_size() % 8) % 8);
+            }
+            let b = c.buffer_from_host(&data, dtype, &dims).unwrap();
+            assert_eq!(b.byte_size(), data.len(), "{spec}");
+            assert_eq!(b.to_host().unwrap(), data, "{spec}: host -> device -> host");
+            // Through a program: staged host arguments, device arguments and outputs.
+            let dims_text: String = dims.iter().map(|d| format!("{d}x")).collect();
+            let exe = identity(ty, &dims_text);
+            for _ in 0..2 {
+                let out = run_host(&exe, &[t(dtype, &dims, data.clone())]).unwrap();
+                assert_eq!(out[0].spec(), spec);
+                assert_eq!(out[0].data, data, "{spec}: through a program");
+            }
+            let b = Arc::new(b);
+            let out = Run::new(exe, vec![], devices(&[&b]))
+                .unwrap()
+                .execute()
+                .unwrap();
+            assert_eq!(out[0].to_host().unwrap(), data, "{spec}: device argument");
+        }
+    }
+}
+
+#[test]
+fn new_types_convert_to_f32_and_back() {
+    for dtype in NEW_TYPES {
+        let ty = dtype.mlir();
+        let (bytes, values) = every_value(dtype);
+        let n = values.len();
+        let program = format!(
+            "func.func @main(%a: tensor<{n}x{ty}>) -> (tensor<{n}xf32>, tensor<{n}x{ty}>) {{
+  %0 = stablehlo.convert %a : (tensor<{n}x{ty}>) -> tensor<{n}xf32>
+  %1 = stablehlo.convert %0 : (tensor<{n}xf32>) -> tensor<{n}x{ty}>
+  return %0, %1 : tensor<{n}xf32>, tensor<{n}x{ty}>
+}}"
+        );
+        let out = run(&program, &[t(dtype, &[n as i64], bytes.clone())]).unwrap();
+        let got = f32s(&out[0].data);
+        for (i, (g, want)) in got.iter().zip(&values).enumerate() {
+            assert!(
+                g.to_bits() == want.to_bits() || g.is_nan() && want.is_nan(),
+                "{dtype} element {i} ({:#04x}): {g} as f32, expected {want}",
+                bytes.get(i).copied().unwrap_or_default()
+            );
+        }
+        // Back from f32: every value comes back with its bits; NaNs stay NaNs.
+        assert_eq!(out[1].dtype, dtype);
+        for (i, (&back, &orig)) in out[1].data.iter().zip(&bytes).enumerate() {
+            let nan = dtype.bits() == 8 && values[i].is_nan();
+            assert!(
+                back == orig || nan && f8_value(dtype, back).is_nan(),
+                "{dtype} byte {i}: {back:#04x} back from f32, expected {orig:#04x}"
+            );
+        }
+    }
+}
+
+#[test]
+fn new_types_arithmetic() {
+    // (op, type, element count, a, b, a op b, what): integers wrap around within their bits.
+    type Case = (
+        &'static str,
+        DType,
+        i64,
+        &'static [u8],
+        &'static [u8],
+        &'static [u8],
+    );
+    #[rustfmt::skip]
+    let cases: [(Case, &str); 6] = [
+        (("add", DType::S4, 4, &[0x78, 0x3f], &[0x1f, 0x4f], &[0x87, 0x7e]),
+            "s4 [7, -8, 3, -1] + [1, -1, 4, -1] = [-8, 7, 7, -2]"),
+        (("add", DType::U4, 3, &[0xf1, 0x90], &[0x12, 0x90], &[0x03, 0x20]),
+            "u4 [15, 1, 9] + [1, 2, 9] = [0, 3, 2]"),
+        (("multiply", DType::U2, 4, &[0xe7], &[0xfa], &[0x6a]),
+            "u2 [3, 2, 1, 3] * [3, 3, 2, 2] = [1, 2, 2, 2]"),
+        (("subtract", DType::S2, 3, &[0x60], &[0xd4], &[0x9c]),
+            "s2 [1, -2, 0] - [-1, 1, 1] = [-2, 1, -1]"),
+        (("add", DType::F8E5M2, 3, &[0x3e, 0xc0, 0x34], &[0x40, 0x38, 0x34], &[0x43, 0xbe, 0x38]),
+            "f8 [1.5, -2.0, 0.25] + [2.0, 0.5, 0.25] = [3.5, -1.5, 0.5]"),
+        (("multiply", DType::F8E4M3FN, 3, &[0x3c, 0xc0, 0x28], &[0x40, 0x30, 0x48], &[0x44, 0xb8, 0x38]),
+            "f8_e4m3fn [1.5, -2.0, 0.25] * [2.0, 0.5, 4.0] = [3.0, -1.0, 1.0]"),
+    ];
+    for ((op, dtype, n, a, b, want), what) in cases {
+        assert_eq!(
+            binary(op, dtype.mlir(), dtype, n, a.to_vec(), b.to_vec()),
+            want,
+            "{what}"
+        );
+    }
+    // A 4-bit sort and dot product, which XLA's CPU backend computes right.
+    let out = run(
+        "func.func @main(%a: tensor<5xi4>) -> (tensor<5xi4>, tensor<i4>) {
+  %0 = \"stablehlo.sort\"(%a) ({
+  ^bb0(%x: tensor<i4>, %y: tensor<i4>):
+    %c = stablehlo.compare LT, %x, %y : (tensor<i4>, tensor<i4>) -> tensor<i1>
+    stablehlo.return %c : tensor<i1>
+  }) {dimension = 0 : i64, is_stable = true} : (tensor<5xi4>) -> tensor<5xi4>
+  %1 = stablehlo.dot_general %a, %a, contracting_dims = [0] x [0] : (tensor<5xi4>, tensor<5xi4>) -> tensor<i4>
+  return %0, %1 : tensor<5xi4>, tensor<i4>
+}",
+        // [3, -8, 7, 0, -1]
+        &[t(DType::S4, &[5], vec![0x38, 0x70, 0xf0])],
+    )
+    .unwrap();
+    assert_eq!(
+        out[0].data,
+        vec![0x8f, 0x03, 0x70],
+        "sorted: [-8, -1, 0, 3, 7]"
+    );
+    // 9 + 64 + 49 + 0 + 1 = 123 = 0b111_1011: its low 4 bits, -5.
+    assert_eq!(out[1].data, vec![0xb0]);
+}
+
+#[test]
+fn two_bit_concatenate_and_sort_are_refused() {
+    let concat = "func.func @main(%a: tensor<3xi2>, %b: tensor<2xi2>) -> tensor<5xi2> {
+  %0 = stablehlo.concatenate %a, %b, dim = 0 : (tensor<3xi2>, tensor<2xi2>) -> tensor<5xi2>
+  return %0 : tensor<5xi2>
+}";
+    let sort = "func.func @main(%a: tensor<9xui2>) -> tensor<9xui2> {
+  %0 = \"stablehlo.sort\"(%a) ({
+  ^bb0(%x: tensor<ui2>, %y: tensor<ui2>):
+    %c = stablehlo.compare LT, %x, %y : (tensor<ui2>, tensor<ui2>) -> tensor<i1>
+    stablehlo.return %c : tensor<i1>
+  }) {dimension = 0 : i64, is_stable = true} : (tensor<9xui2>) -> tensor<9xui2>
+  return %0 : tensor<9xui2>
+}";
+    for (program, refusal) in [
+        (concat, "concatenate of 2-bit integers"),
+        (sort, "sort of 2-bit integers"),
+    ] {
+        let err = client().compile(program.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, XlaError::Compile(ref m) if m.contains(refusal)),
+            "{err:?}"
+        );
+    }
+    // The same on 4-bit integers compiles, and 2-bit integers still work elsewhere.
+    assert!(client()
+        .compile(concat.replace("i2>", "i4>").as_bytes())
+        .is_ok());
+    assert!(client()
+        .compile(sort.replace("ui2>", "ui4>").as_bytes())
+        .is_ok());
+    assert_eq!(
+        binary("add", "ui2", DType::U2, 4, vec![0x1b], vec![0x55]),
+        vec![0x6c],
+        "u2 [0, 1, 2, 3] + 1"
+    );
+}
+
+#[test]
+fn ffi_handler_reads_and_writes_new_types_as_nx_packs_them() {
+    let c = client();
+    /// Each operand's type and bytes, as the handler saw them.
+    type Operands = Vec<(Option<DType>, Vec<u8>)>;
+    let seen: Arc<Mutex<Operands>> = Arc::default();
+    let s2 = seen.clone();
+    register_host_handler(
+        &c,
+        "xla_node_test_packed",
+        Arc::new(move |frame| {
+            *s2.lock().unwrap() = frame
+                .args()
+                .iter()
+                .map(|a| (a.dtype, a.to_nx_bytes()))
+                .collect();
+            let mut rets = frame.rets_mut()?;
+            // s4 [-1, 2, -8] and f8_e4m3fn [-1.0]
+            rets[0].write_nx_bytes(&[0xf2, 0x80]);
+            rets[1].write_nx_bytes(&[0xb8]);
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let exe = compile(
+        "func.func @main(%a: tensor<5xui4>, %b: tensor<3xi2>, %c: tensor<2xf8E5M2>) -> (tensor<3xf32>, tensor<f32>) {
+  %0:2 = stablehlo.custom_call @xla_node_test_packed(%a, %b, %c) {api_version = 4 : i32, has_side_effect = true} : (tensor<5xui4>, tensor<3xi2>, tensor<2xf8E5M2>) -> (tensor<3xi4>, tensor<f8E4M3FN>)
+  %1 = stablehlo.convert %0#0 : (tensor<3xi4>) -> tensor<3xf32>
+  %2 = stablehlo.convert %0#1 : (tensor<f8E4M3FN>) -> tensor<f32>
+  return %1, %2 : tensor<3xf32>, tensor<f32>
+}",
+    );
+    let a = t(DType::U4, &[5], vec![0x12, 0x34, 0x50]); // [1, 2, 3, 4, 5]
+    let b = t(DType::S2, &[3], vec![0x6c]); // [1, -2, -1]
+    let f = t(DType::F8E5M2, &[2], vec![0x3c, 0xc2]); // [1.0, -3.0]
+    let out = run_host(&exe, &[a.clone(), b.clone(), f.clone()]).unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (Some(DType::U4), a.data),
+            (Some(DType::S2), b.data),
+            (Some(DType::F8E5M2), f.data)
+        ]
+    );
+    assert_eq!(f32s(&out[0].data), vec![-1.0, 2.0, -8.0]);
+    assert_eq!(f32s(&out[1].data), vec![-1.0]);
 }
 
 /// The rule of `server::schedule`: nothing waits on XLA on a thread of the async runtime, whose

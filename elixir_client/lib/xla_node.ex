@@ -32,8 +32,9 @@ defmodule XlaNode do
 
   ## Tensors and buffers
 
-  A tensor is `{binary, {type, dims}}`: `type` is an Nx-style type such as `{:f, 32}`, `dims` a
-  list, `binary` the row-major little-endian data. `XlaNode.Tensor` builds and reads them.
+  A tensor is `{binary, {type, dims}}`: `type` is an Nx type such as `{:f, 32}` or `{:u, 4}`,
+  `dims` a list, `binary` the row-major little-endian data as `Nx.to_binary/1` gives it (a
+  bitstring for 2- and 4-bit types). `XlaNode.Tensor` builds and reads them.
   Executables and device buffers are references owned by the process that created them: the
   node frees them when it exits, or explicitly with `free/3`.
 
@@ -49,9 +50,14 @@ defmodule XlaNode do
   whose duration depends on the program, default to `:infinity`; the others default to
   `60_000`. A node that goes down or disconnects still ends an `:infinity` call (with a
   `:nodedown` error), because `GenServer.call/3` monitors the server.
+
+  ## Telemetry
+
+  `compile/3`, `run/4` and the callbacks `XlaNode.CallbackServer` runs emit `:telemetry` spans
+  when the application has `:telemetry` (an optional dependency): see `XlaNode.Telemetry`.
   """
 
-  alias XlaNode.{Error, Options}
+  alias XlaNode.{Error, Options, Telemetry}
 
   @default_timeout 60_000
 
@@ -60,7 +66,8 @@ defmodule XlaNode do
     callback_server: :process,
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
-    timeout: :timeout
+    timeout: :timeout,
+    telemetry_metadata: :map
   ]
 
   # What a run through an XlaNode.Pool takes besides.
@@ -87,6 +94,8 @@ defmodule XlaNode do
 
     * `:timeout` - how long to wait for the executable, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
+      (see `XlaNode.Telemetry`)
     * `:node` - only with an `XlaNode.Pool`: the node to compile it on first (default: the one
       the pool would send a run to)
 
@@ -105,18 +114,24 @@ defmodule XlaNode do
   """
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
-    spec =
-      if XlaNode.Pool.pool?(server),
-        do: [timeout: :timeout, node: :name],
-        else: [timeout: :timeout]
-
-    {timeout, opts} =
-      opts |> Options.validate!("XlaNode.compile/3", spec) |> Keyword.pop(:timeout)
-
+    spec = [timeout: :timeout, telemetry_metadata: :map]
+    spec = if XlaNode.Pool.pool?(server), do: [{:node, :name} | spec], else: spec
+    opts = Options.validate!(opts, "XlaNode.compile/3", spec)
     mlir = IO.iodata_to_binary(mlir)
     # A pool's node: chooses where it compiles first.
-    request = if opts == [], do: {:compile, mlir}, else: {:compile, mlir, opts}
-    call(server, request, timeout || :infinity)
+    request =
+      case Keyword.take(opts, [:node]) do
+        [] -> {:compile, mlir}
+        node_opts -> {:compile, mlir, node_opts}
+      end
+
+    metadata = telemetry_metadata(server, opts, %{})
+
+    Telemetry.span(:compile, metadata, fn ->
+      result = call(server, request, Keyword.get(opts, :timeout, :infinity))
+      exe = if match?({:ok, _}, result), do: elem(result, 1)
+      {result, metadata |> Map.put(:exe, exe) |> Telemetry.stop_metadata(result)}
+    end)
   end
 
   @doc """
@@ -149,6 +164,8 @@ defmodule XlaNode do
       `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
     * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
       `:infinity`)
+    * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
+      (see `XlaNode.Telemetry`)
 
   With an `XlaNode.Pool` (see its documentation), also:
 
@@ -173,6 +190,7 @@ defmodule XlaNode do
   def run(server, exe, args, opts \\ []) when is_list(args) do
     opts = Options.validate!(opts, "XlaNode.run/4", run_options(server))
     {timeout, node_opts} = Keyword.pop(opts, :timeout, :infinity)
+    node_opts = Keyword.delete(node_opts, :telemetry_metadata)
 
     node_opts =
       Enum.map(node_opts, fn
@@ -184,7 +202,12 @@ defmodule XlaNode do
       end)
 
     request = if node_opts == [], do: {:run, exe, args}, else: {:run, exe, args, node_opts}
-    call(server, request, timeout)
+    metadata = telemetry_metadata(server, opts, %{exe: exe})
+
+    Telemetry.span(:run, metadata, fn ->
+      result = call(server, request, timeout)
+      {result, Telemetry.stop_metadata(metadata, result)}
+    end)
   end
 
   @doc """
@@ -360,6 +383,16 @@ defmodule XlaNode do
   def server(server), do: server
 
   ## Internals
+
+  # The metadata of a call's telemetry events: where it goes, what the call adds, and the
+  # caller's own.
+  defp telemetry_metadata(server, opts, own) do
+    target = server(server)
+
+    %{node: Telemetry.node_of(target), server: target}
+    |> Map.merge(own)
+    |> Map.merge(Keyword.get(opts, :telemetry_metadata, %{}))
+  end
 
   # The :timeout of a function whose only option it is.
   defp timeout!(opts, function) do

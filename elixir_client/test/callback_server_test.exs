@@ -50,6 +50,16 @@ defmodule XlaNode.CallbackServerTest do
     assert await(call_back(cb, 42, [x, x])) == {:ok, [<<42>>, <<7>>, <<7>>]}
   end
 
+  test "2- and 4-bit tensors come and go as bitstrings" do
+    {:ok, cb} =
+      CallbackServer.start_link(%{double: &double/1, raw: fn _ -> {:ok, [<<0x5::3>>]} end})
+
+    x = Tensor.from_list([1, -2, 3], :s4)
+    assert elem(x, 0) == <<0x1E, 0x3::4>>
+    assert await(call_back(cb, :double, [x])) == {:ok, [<<0x2C, 0x6::4>>]}
+    assert await(call_back(cb, :raw, [])) == {:ok, [<<0x5::3>>]}
+  end
+
   test "unknown callback ids" do
     {:ok, cb} = CallbackServer.start_link(%{known: &double/1})
     assert {:error, {:unknown_callback, msg}} = await(call_back(cb, :unknown, []))
@@ -246,6 +256,16 @@ defmodule XlaNode.CallbackServerTest do
       :ok = CallbackServer.push_infeed(cb, [<<1>>, <<1::48>>])
       assert await(second) == {:ok, [<<1>>, <<1::48>>]}
       assert CallbackServer.infeed_status(cb) == %{queued: 0, waiting: 0}
+    end
+
+    test "2- and 4-bit values are sized in bits" do
+      {:ok, cb} = CallbackServer.start_link(%{})
+      :ok = CallbackServer.push_infeed(cb, [<<0::16>>])
+      assert {:error, {:argument_error, msg}} = await(infeed(cb, [{{:u, 4}, [3]}]))
+      assert msg =~ "[12] bits"
+      assert msg =~ "got 1 of [16] bits"
+      :ok = CallbackServer.push_infeed(cb, [Tensor.from_list([1, 2, 3], :u4)])
+      assert await(infeed(cb, [{{:u, 4}, [3]}])) == {:ok, [<<0x12, 0x3::4>>]}
     end
 
     test "values of the wrong size are answered with an argument error" do

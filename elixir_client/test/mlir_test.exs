@@ -95,4 +95,81 @@ defmodule XlaNode.MLIRTest do
       end)
     end
   end
+
+  describe "the 2- and 4-bit integers and the 8-bit floats" do
+    test "element types and constants" do
+      text =
+        main([{{:u, 4}, [3]}, {{:f, 8}, [2]}], fn [x, y] ->
+          [
+            M.add(x, M.constant([1, 2, 15], {{:u, 4}, [3]})),
+            M.multiply(y, M.constant(1.5, {{:f, 8}, [2]})),
+            M.convert(x, {:f8_e4m3fn, 8}),
+            M.constant_binary(<<0x1E, 0x3::4>>, {{:s, 4}, [3]})
+          ]
+        end)
+
+      assert text =~ "func.func @main(%arg0: tensor<3xui4>, %arg1: tensor<2xf8E5M2>)"
+      assert text =~ "value = dense<[1, 2, 15]> : tensor<3xui4>"
+      assert text =~ ~s(value = dense<"0x3E"> : tensor<2xf8E5M2>)
+      assert text =~ "(tensor<3xui4>) -> tensor<3xf8E4M3FN>"
+      assert text =~ "value = dense<[1, -2, 3]> : tensor<3xi4>"
+
+      assert_raise ArgumentError, ~r/out of range for \{:s, 2\}/, fn ->
+        main([], fn [] -> M.constant(2, {{:s, 2}, []}) end)
+      end
+
+      assert_raise ArgumentError, ~r/constant: 16 bits for tensor<3xi4> \(12 bits\)/, fn ->
+        main([], fn [] -> M.constant_binary(<<0, 0>>, {{:s, 4}, [3]}) end)
+      end
+    end
+
+    test "float ops take the 8-bit floats, integer ops the 2- and 4-bit integers" do
+      text =
+        main([{{:f8_e4m3fn, 8}, [4]}, {{:s, 2}, [4]}], fn [x, n] ->
+          [M.tanh(x), M.is_finite(x), M.shift_left(n, n), M.negate(n)]
+        end)
+
+      assert text =~ "stablehlo.tanh"
+      assert text =~ "(tensor<4xi2>, tensor<4xi2>) -> tensor<4xi2>"
+
+      assert_raise ArgumentError, ~r/stablehlo.tanh: got tensor<4xi2>; expected float/, fn ->
+        main([{{:s, 2}, [4]}], fn [n] -> M.tanh(n) end)
+      end
+
+      assert_raise ArgumentError, ~r/stablehlo.abs: got tensor<4xui4>/, fn ->
+        main([{{:u, 4}, [4]}], fn [n] -> M.abs(n) end)
+      end
+    end
+
+    test "what XLA's CPU backend cannot do on 2-bit integers raises" do
+      two = {{:u, 2}, [4]}
+
+      assert_raise ArgumentError,
+                   ~r/stablehlo.concatenate of 2-bit integers \(tensor<4xui2>, tensor<4xui2>\): XLA's CPU compiler aborts on it; convert them to s8\/u8 first/,
+                   fn -> main([two, two], fn [a, b] -> M.concatenate([a, b], 0) end) end
+
+      assert_raise ArgumentError, ~r/stablehlo.sort of 2-bit integers/, fn ->
+        main([two], fn [a] -> M.sort(a, 0, fn [x, y] -> M.compare(:lt, x, y) end) end)
+      end
+
+      assert_raise ArgumentError, ~r/stablehlo.dot_general of 2-bit integers/, fn ->
+        main([two, two], fn [a, b] -> M.dot_general(a, b, contracting: {[0], [0]}) end)
+      end
+
+      assert_raise ArgumentError, ~r/chlo.top_k: XLA's CPU backend cannot compile it/, fn ->
+        main([{{:s, 4}, [4]}], fn [a] -> M.top_k(a, 2) end)
+      end
+
+      # 4-bit integers concatenate, sort and dot.
+      four = {{:s, 4}, [4]}
+
+      assert main([four, four], fn [a, b] ->
+               [
+                 M.concatenate([a, b], 0),
+                 M.sort(a, 0, fn [x, y] -> M.compare(:lt, x, y) end),
+                 M.dot_general(a, b, contracting: {[0], [0]})
+               ]
+             end) =~ "stablehlo.sort"
+    end
+  end
 end

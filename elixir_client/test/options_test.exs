@@ -12,7 +12,14 @@ defmodule XlaNode.OptionsTest do
   # The server argument: this process, so that a request sent by mistake would show up in the
   # mailbox (and a GenServer.call to oneself would exit).
   @tensor {<<0::32>>, {{:f, 32}, [1]}}
-  @run [:callback_server, :callback_timeout, :keep_on_device, :queue_timeout, :timeout]
+  @run [
+    :callback_server,
+    :callback_timeout,
+    :keep_on_device,
+    :queue_timeout,
+    :telemetry_metadata,
+    :timeout
+  ]
 
   # {name in the message, fun of the options, the valid options}
   defp functions do
@@ -20,8 +27,8 @@ defmodule XlaNode.OptionsTest do
     exe = make_ref()
 
     [
-      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1), [:timeout]},
-      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1), [:timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1), [:telemetry_metadata, :timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1), [:telemetry_metadata, :timeout]},
       {"XlaNode.run/4", &XlaNode.run(s, exe, [@tensor], &1), @run},
       {"XlaNode.run/4", &XlaNode.run!(s, exe, [@tensor], &1), @run},
       {"XlaNode.to_device/3", &XlaNode.to_device(s, @tensor, &1), [:timeout]},
@@ -130,6 +137,10 @@ defmodule XlaNode.OptionsTest do
           {fn -> XlaNode.run(s, exe, [], queue_timeout: :soon) end,
            "option :queue_timeout must be a non-negative integer (milliseconds) or :infinity, got: :soon"},
           {fn -> XlaNode.run!(s, exe, [], timeout: 1.5) end, "option :timeout must be"},
+          {fn -> XlaNode.run(s, exe, [], telemetry_metadata: [key: 1]) end,
+           "XlaNode.run/4: option :telemetry_metadata must be a map, got: [key: 1]"},
+          {fn -> XlaNode.compile(s, "m", telemetry_metadata: nil) end,
+           "XlaNode.compile/3: option :telemetry_metadata must be a map, got: nil"},
           {fn -> XlaNode.to_device(s, @tensor, timeout: nil) end,
            "XlaNode.to_device/3: option :timeout"},
           {fn -> XlaNode.read(s, exe, timeout: "1") end, "XlaNode.read/3: option :timeout"},

@@ -253,13 +253,17 @@ defmodule XlaNode.TensorTest do
             bf16: {:bf, 16},
             c128: {:c, 128},
             pred: {:pred, 8},
-            pred8: {:pred, 8}
+            pred8: {:pred, 8},
+            s2: {:s, 2},
+            u4: {:u, 4},
+            f8: {:f, 8},
+            f8_e4m3fn: {:f8_e4m3fn, 8}
           ] do
         assert Tensor.normalize_type(short) == full
         assert Tensor.normalize_type(full) == full
       end
 
-      for bad <- [:f8, :bf32, {:s, 7}, :nope, "f32", nil] do
+      for bad <- [:f4, :u1, :bf32, {:s, 7}, {:f8_e4m3fn, 16}, :nope, "f32", nil] do
         assert_raise ArgumentError, fn -> Tensor.normalize_type(bad) end
       end
     end
@@ -270,13 +274,158 @@ defmodule XlaNode.TensorTest do
           case type do
             {:pred, _} -> [0, 1]
             {:c, _} -> [{1.0, 2.0}, {-0.5, 0.0}]
-            {kind, _} when kind in [:f, :bf] -> [1.5, -3.0]
+            {kind, _} when kind in [:f, :bf, :f8_e4m3fn] -> [1.5, -3.0]
+            {:s, bits} when bits < 8 -> [1, -1]
+            {:u, bits} when bits < 8 -> [1, 3]
             _ -> [1, 100]
           end
 
         t = Tensor.from_list(values, type)
-        assert byte_size(elem(t, 0)) == 2 * Tensor.element_size(type)
+        assert bit_size(elem(t, 0)) == 2 * Tensor.element_bits(type)
+        assert Tensor.bit_size(type, [2]) == 2 * Tensor.element_bits(type)
         assert Tensor.to_list(t) == values, inspect(type)
+      end
+    end
+  end
+
+  describe "2- and 4-bit integers" do
+    # How Nx's binary backend writes them: each element `x::size(bits)-native`, concatenated.
+    defp nx_binary(values, {:s, bits}),
+      do: for(x <- values, into: <<>>, do: <<x::signed-integer-native-size(bits)>>)
+
+    defp nx_binary(values, {:u, bits}),
+      do: for(x <- values, into: <<>>, do: <<x::unsigned-integer-native-size(bits)>>)
+
+    test "are packed as Nx packs them: without padding, element 0 in the high bits" do
+      assert Tensor.from_list([1, 2, 3], :u4) == {<<0x12, 0x3::4>>, {{:u, 4}, [3]}}
+      assert Tensor.from_list([7, -8, -1], :s4) == {<<0x78, 0xF::4>>, {{:s, 4}, [3]}}
+      assert Tensor.from_list([1, 2, 3, 0], :u2) == {<<0x6C>>, {{:u, 2}, [4]}}
+      assert Tensor.from_list([-2, 1, -1], :s2) == {<<0b10_01_11::6>>, {{:s, 2}, [3]}}
+
+      for type <- [{:s, 2}, {:s, 4}, {:u, 2}, {:u, 4}], n <- [0, 1, 3, 8, 9] do
+        {_, bits} = type
+
+        {min, max} =
+          if elem(type, 0) == :s,
+            do: {-Bitwise.bsl(1, bits - 1), Bitwise.bsl(1, bits - 1) - 1},
+            else: {0, Bitwise.bsl(1, bits) - 1}
+
+        values = Enum.map(0..(n - 1)//1, &(min + rem(&1 * 5, max - min + 1)))
+        {binary, _} = t = Tensor.from_list(values, type)
+        assert binary == nx_binary(values, type)
+        assert bit_size(binary) == n * bits
+        assert Tensor.to_flat_list(t) == values
+      end
+    end
+
+    test "limits and range" do
+      assert Tensor.from_list([-8, 7], :s4) |> Tensor.to_list() == [-8, 7]
+      assert Tensor.from_list([0, 15], :u4) |> Tensor.to_list() == [0, 15]
+      assert Tensor.from_list([-2, 1], :s2) |> Tensor.to_list() == [-2, 1]
+
+      assert_raise ArgumentError, ~r/out of range for \{:s, 4\}/, fn ->
+        Tensor.from_list([8], :s4)
+      end
+
+      assert_raise ArgumentError, ~r/out of range for \{:u, 2\}/, fn ->
+        Tensor.from_list([4], :u2)
+      end
+
+      assert_raise ArgumentError, ~r/out of range/, fn -> Tensor.from_list([-3], :s2) end
+    end
+
+    test "sizes are counted in bits" do
+      assert Tensor.element_bits(:s2) == 2
+      assert Tensor.bit_size({:u, 4}, [3, 3]) == 36
+
+      assert_raise ArgumentError, ~r/take 4 bits, not whole bytes/, fn ->
+        Tensor.element_size(:u4)
+      end
+
+      assert Tensor.from_binary(<<0x12, 0x3::4>>, :u4, [3]) |> Tensor.to_list() == [1, 2, 3]
+
+      assert_raise ArgumentError, "16 bits given for {:u, 4} [3] (12 bits expected)", fn ->
+        Tensor.from_binary(<<0x12, 0x30>>, :u4, [3])
+      end
+
+      assert_raise ArgumentError,
+                   ~r/12 bits in a tensor of \{:s, 2\} \[3\] \(6 bits expected\)/,
+                   fn ->
+                     Tensor.to_list({<<0::12>>, {{:s, 2}, [3]}})
+                   end
+    end
+  end
+
+  describe "8-bit floats" do
+    test "f8 (E5M2) edge values" do
+      cases = [
+        {0.0, 0x00},
+        {-0.0, 0x80},
+        {1.0, 0x3C},
+        {-2.0, 0xC0},
+        {1.5, 0x3E},
+        {57344.0, 0x7B},
+        {6.103515625e-5, 0x04},
+        {1.52587890625e-5, 0x01},
+        {:infinity, 0x7C},
+        {:neg_infinity, 0xFC},
+        {:nan, 0x7E}
+      ]
+
+      for {value, expected} <- cases do
+        t = Tensor.scalar(value, :f8)
+        assert t == {<<expected>>, {{:f, 8}, []}}, inspect(value)
+        assert Tensor.to_number(t) == value
+      end
+
+      # round to nearest even; beyond the largest finite value, infinity
+      assert Tensor.scalar(1.125, :f8) == Tensor.scalar(1.0, :f8)
+      assert Tensor.scalar(1.375, :f8) == Tensor.scalar(1.5, :f8)
+      assert Tensor.scalar(61439.0, :f8) == Tensor.scalar(57344.0, :f8)
+      assert Tensor.scalar(61440.0, :f8) == Tensor.scalar(:infinity, :f8)
+      assert Tensor.scalar(-1.0e6, :f8) == Tensor.scalar(:neg_infinity, :f8)
+    end
+
+    test "f8_e4m3fn edge values: no infinities, 448 the largest, 0x7F NaN" do
+      cases = [
+        {0.0, 0x00},
+        {-0.0, 0x80},
+        {1.0, 0x38},
+        {-2.0, 0xC0},
+        {448.0, 0x7E},
+        {-448.0, 0xFE},
+        {256.0, 0x78},
+        {0.015625, 0x08},
+        {0.001953125, 0x01},
+        {:nan, 0x7F}
+      ]
+
+      for {value, expected} <- cases do
+        t = Tensor.scalar(value, :f8_e4m3fn)
+        assert t == {<<expected>>, {{:f8_e4m3fn, 8}, []}}, inspect(value)
+        assert Tensor.to_number(t) == value
+      end
+
+      # beyond 448 and the infinities saturate, as in Nx
+      for value <- [464.0, 480.0, 1.0e6, :infinity] do
+        assert Tensor.scalar(value, :f8_e4m3fn) == {<<0x7E>>, {{:f8_e4m3fn, 8}, []}}
+      end
+
+      assert Tensor.scalar(:neg_infinity, :f8_e4m3fn) == {<<0xFE>>, {{:f8_e4m3fn, 8}, []}}
+      # half the smallest subnormal rounds to zero (even)
+      assert Tensor.scalar(0.0009765625, :f8_e4m3fn) == {<<0>>, {{:f8_e4m3fn, 8}, []}}
+      assert Tensor.to_number({<<0xFF>>, {{:f8_e4m3fn, 8}, []}}) == :nan
+    end
+
+    test "every bit pattern decodes and re-encodes" do
+      for type <- [{:f, 8}, {:f8_e4m3fn, 8}], b <- 0..255 do
+        case Tensor.to_number({<<b>>, {type, []}}) do
+          :nan ->
+            :ok
+
+          value ->
+            assert Tensor.scalar(value, type) == {<<b>>, {type, []}}, "#{inspect(type)} #{b}"
+        end
       end
     end
   end

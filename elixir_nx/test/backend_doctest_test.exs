@@ -27,8 +27,5 @@ defmodule XlaNode.BackendDoctestTest do
   # kernel rounds differently from 1 / sqrt(x).
   @xla_differs [rsqrt: 1]
 
-  # Examples with f8, f8_e4m3fn and u2 tensors, types the node does not take yet.
-  @types_not_yet [tensor: 2, bit_size: 1]
-
-  doctest Nx, except: [:moduledoc] ++ @exla_excluded ++ @xla_differs ++ @types_not_yet
+  doctest Nx, except: [:moduledoc] ++ @exla_excluded ++ @xla_differs
 end

@@ -1,7 +1,8 @@
 defmodule XlaNode.RobustnessTest do
   @moduledoc """
   Hostile or broken peers (raw TCP and a hand-written distribution client): the node drops the
-  offending connection, logs it, and keeps serving everyone else.
+  offending connection when a frame or control message is broken, fails only the message when
+  its payload is, logs it, and keeps serving everyone else.
   """
   use ExUnit.Case, async: true
 
@@ -115,6 +116,18 @@ defmodule XlaNode.RobustnessTest do
     RawDist.close(conn)
   end
 
+  test "a control message too short for its operation", %{node: node} do
+    # SEND without its pid, EXIT without its target, ALIAS_SEND without its alias.
+    for {control, payload} <- [{{2}, :hi}, {{3, :self}, nil}, {{33, :self}, :hi}] do
+      {:ok, conn} = RawDist.connect(node)
+      control = with {op, :self} <- control, do: {op, RawDist.pid(conn)}
+      :ok = RawDist.send_frame(conn, RawDist.pass_through(control, payload))
+      assert_dropped(node, conn)
+    end
+
+    assert_still_serving(node)
+  end
+
   test "erpc (SPAWN_REQUEST) is refused by the BEAM itself: the node does not advertise spawn",
        %{node: node} do
     assert {:erpc, :notsup} = catch_error(:erpc.call(node.name, :erlang, :node, [], 2_000))
@@ -147,12 +160,19 @@ defmodule XlaNode.RobustnessTest do
     assert {:ok, _} = Harness.wait_for_log(node, [conn.name, "nodedown"], 5_000)
   end
 
+  # The message fails, with one log line; the connection serves on.
+  defp assert_message_dropped(node, conn) do
+    assert {:ok, _} = Harness.wait_for_log(node, [conn.name, "could not be decoded"], 5_000)
+    assert {:ok, :pong} = RawDist.gen_call(conn, :xla, :ping)
+    refute Harness.log(node) =~ ~r/#{Regex.escape(conn.name)}.*nodedown/
+  end
+
   test "a list header claiming 4 billion elements with no data", %{node: node} do
     {:ok, conn} = RawDist.connect(node)
     control = :erlang.term_to_binary({6, RawDist.pid(conn), :"", :xla})
     body = <<112, control::binary, 131, 108, 0xFFFF_FFFF::32>>
     :ok = RawDist.send_frame(conn, body)
-    assert_dropped(node, conn)
+    assert_message_dropped(node, conn)
     assert_still_serving(node)
   end
 
@@ -162,18 +182,20 @@ defmodule XlaNode.RobustnessTest do
     for payload <- [<<131, 109, 0xFFFF_FFF0::32, 1, 2>>, <<131, 116, 0xFFFF_FFFF::32, 97, 1>>] do
       {:ok, conn} = RawDist.connect(node)
       :ok = RawDist.send_frame(conn, <<112, control::binary, payload::binary>>)
-      assert_dropped(node, conn)
+      assert_message_dropped(node, conn)
+      RawDist.close(conn)
     end
 
     assert_still_serving(node)
   end
 
-  test "100,000 nested tuples in a SEND to :xla", %{node: node} do
+  test "100,000 nested tuples in a call to :xla", %{node: node} do
     {:ok, conn} = RawDist.connect(node)
     deep = Enum.reduce(1..100_000, :leaf, fn _, acc -> {acc} end)
-    :ok = RawDist.reg_send(conn, :xla, {:"$gen_call", {RawDist.pid(conn), make_ref()}, {:echo, deep}})
-    # The node bounds nesting depth (the BEAM itself has no limit); it drops the connection.
-    assert_dropped(node, conn)
+    # The node bounds nesting depth (the BEAM itself has no limit): that call fails alone.
+    assert {:ok, {:error, {:bad_request, message}}} = RawDist.gen_call(conn, :xla, {:echo, deep})
+    assert message =~ "nested deeper"
+    assert_message_dropped(node, conn)
     assert_still_serving(node)
   end
 
@@ -181,7 +203,7 @@ defmodule XlaNode.RobustnessTest do
     {:ok, conn} = RawDist.connect(node)
     deep = Enum.reduce(1..100_000, [], fn _, acc -> [acc] end)
     :ok = RawDist.reg_send(conn, :xla, {:nested, deep})
-    assert_dropped(node, conn)
+    assert_message_dropped(node, conn)
     assert_still_serving(node)
   end
 

@@ -15,9 +15,10 @@
 
 use super::inspect::inspect;
 use super::target::Resolved;
-use super::Dispatcher;
+use super::wait::Call;
+use super::{Dispatcher, Outcome};
 use crate::node::term::{as_atom, atom, binary_to_term, list, tuple};
-use crate::tensor_term::{shape_term, tensor_term};
+use crate::tensor_term::{data_bits, shape_term, size_text, tensor_term};
 use crate::xla::{Attr, CallFrame, DType, TensorRef, TensorSpec};
 use eetf::Term;
 use std::sync::atomic::Ordering;
@@ -60,19 +61,26 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
     let expected = expected_outputs(&ret_specs[num_aliased..], &what)?;
     crate::node::probe::mark(crate::node::probe::Step::Resolved);
     let Resolved { dest, run } = resolved;
-    let timeout = run.as_ref().map_or(d.default_timeout, |r| r.timeout);
-    let reply = d
+    let call = Call {
+        dest: &dest,
+        run: run.as_ref(),
+        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        what: &what,
+    };
+    let build = |tag| {
+        tuple(vec![
+            atom("exla_runtime_call"),
+            id.clone(),
+            list(args_spec),
+            tag,
+        ])
+    };
+    let binaries = d
         .waiters
-        .call(&dest, run.as_ref(), timeout, &what, &d.counters, |tag| {
-            tuple(vec![
-                atom("exla_runtime_call"),
-                id.clone(),
-                list(args_spec),
-                tag,
-            ])
+        .call(call, &d.counters, build, |reply| {
+            parse_reply(reply, &what, &expected)
         })
         .map_err(|e| e.into_message())?;
-    let binaries = parse_reply(reply, &what, &expected)?;
     let mut rets = frame.rets_mut()?;
     for (i, r) in rets.iter_mut().enumerate() {
         if i < num_aliased {
@@ -82,7 +90,7 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
                 }
             }
         } else {
-            r.data.copy_from_slice(&binaries[i - num_aliased]);
+            r.write_nx_bytes(&binaries[i - num_aliased]);
         }
     }
     Ok(())
@@ -100,7 +108,7 @@ pub(crate) fn outfeed(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Result<(), S
     };
     if let Some(run) = &resolved.run {
         if let Some(reason) = run.closed() {
-            d.counters.errors.fetch_add(1, Ordering::Relaxed);
+            d.counters.ended(Outcome::Abandoned);
             return Err(format!("outfeed abandoned: {reason}"));
         }
     }
@@ -150,16 +158,23 @@ pub(crate) fn infeed(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Result<(), St
         .map(|s| shape_term(s.dtype, &s.dims))
         .collect();
     let Resolved { dest, run } = resolved;
-    let timeout = run.as_ref().map_or(d.default_timeout, |r| r.timeout);
-    let reply = d
+    let call = Call {
+        dest: &dest,
+        run: run.as_ref(),
+        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        what: &what,
+    };
+    let binaries = d
         .waiters
-        .call(&dest, run.as_ref(), timeout, &what, &d.counters, |tag| {
-            tuple(vec![atom("exla_infeed"), tag, list(out_spec)])
-        })
+        .call(
+            call,
+            &d.counters,
+            |tag| tuple(vec![atom("exla_infeed"), tag, list(out_spec)]),
+            |reply| parse_reply(reply, &what, &expected),
+        )
         .map_err(|e| e.into_message())?;
-    let binaries = parse_reply(reply, &what, &expected)?;
     for (r, b) in frame.rets_mut()?.iter_mut().zip(&binaries) {
-        r.data.copy_from_slice(b);
+        r.write_nx_bytes(b);
     }
     Ok(())
 }
@@ -207,7 +222,7 @@ fn args_spec(args: &[TensorRef<'_>], what: &str) -> Result<Vec<Term>, String> {
     args.iter()
         .enumerate()
         .map(|(i, a)| match a.dtype {
-            Some(dt) => Ok(tensor_term(dt, &a.dims, a.data.to_vec())),
+            Some(dt) => Ok(tensor_term(dt, &a.dims, a.to_nx_bytes())),
             None => Err(format!(
                 "{what}: operand {} has an element type (#{}) that has no Nx equivalent",
                 i + 1,
@@ -240,7 +255,9 @@ fn describe_spec(dtype: Option<DType>, dims: &[i64]) -> String {
     }
 }
 
-/// Checks a reply against the expected outputs and returns their bytes.
+/// Checks a reply against the expected outputs and returns their bytes, packed as Nx packs
+/// them: one binary per output, of exactly its size (a bitstring of `count * bits` bits for
+/// 2- and 4-bit elements, as `Nx.to_binary/1` gives it).
 fn parse_reply(reply: Term, what: &str, expected: &[TensorSpec]) -> Result<Vec<Vec<u8>>, String> {
     let shape = |t: &Term| -> Option<(String, Term)> {
         let Term::Tuple(t) = t else { return None };
@@ -257,12 +274,12 @@ fn parse_reply(reply: Term, what: &str, expected: &[TensorSpec]) -> Result<Vec<V
             let mut sizes = Vec::with_capacity(l.elements.len());
             let mut bins = Vec::with_capacity(l.elements.len());
             for e in l.elements {
-                match e {
-                    Term::Binary(b) => {
-                        sizes.push(b.bytes.len());
-                        bins.push(b.bytes);
+                match data_bits(e) {
+                    Ok((bytes, bits)) => {
+                        sizes.push(bits);
+                        bins.push(bytes);
                     }
-                    other => {
+                    Err(other) => {
                         return Err(format!(
                             "{what} replied {{:ok, list}} with a non-binary element {}; expected {{:ok, [binary, ...]}}",
                             inspect(&other)
@@ -270,13 +287,19 @@ fn parse_reply(reply: Term, what: &str, expected: &[TensorSpec]) -> Result<Vec<V
                     }
                 }
             }
-            let want: Vec<usize> = expected.iter().map(|s| s.byte_size()).collect();
+            let want: Vec<usize> = expected.iter().map(|s| s.bit_size()).collect();
             if sizes != want {
                 let exp: Vec<String> = expected
                     .iter()
-                    .map(|s| format!("{s} ({} bytes)", s.byte_size()))
+                    .map(|s| format!("{s} ({})", size_text(s.bit_size(), s.dtype.is_sub_byte())))
                     .collect();
-                let got: Vec<String> = sizes.iter().map(|n| format!("{n} bytes")).collect();
+                let got: Vec<String> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &bits)| {
+                        size_text(bits, expected.get(i).is_some_and(|s| s.dtype.is_sub_byte()))
+                    })
+                    .collect();
                 return Err(format!(
                     "{what} returned a reply that does not match its outputs: expected {} {} [{}], got {} [{}]",
                     want.len(),

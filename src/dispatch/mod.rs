@@ -31,6 +31,7 @@ mod watch;
 
 pub use target::RunHandle;
 
+use crate::metrics::{Histogram, Snapshot};
 use crate::node::{Dest, Node};
 use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
 use eetf::Pid;
@@ -48,14 +49,14 @@ pub const BEAM_OUTFEED: &str = "exla_beam_outfeed";
 /// FFI target that asks a stream process for the next value.
 pub const BEAM_INFEED: &str = "exla_beam_infeed";
 
-/// Counters of the dispatcher, for the server's stats.
+/// Counters of the dispatcher, for `:info` and `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DispatchStats {
     /// Requests sent that wait for a reply (runtime calls, io_calls, infeeds).
     pub callbacks: u64,
-    /// Replies received (whatever their content).
+    /// Replies received (whatever their content): the round trips recorded.
     pub replies: u64,
-    /// Waits that failed other than by timeout (target down, run abandoned, node shutting down).
+    /// Waits that failed other than by timeout: the target was down, or the run was abandoned.
     pub errors: u64,
     /// Waits that timed out.
     pub timeouts: u64,
@@ -69,17 +70,70 @@ pub struct DispatchStats {
     pub outfeeds: u64,
     /// Runs with an open callback context.
     pub open_runs: u64,
+    /// Callbacks ended, per [`Outcome`] (indexed as [`Outcome::ALL`]).
+    pub outcomes: [u64; Outcome::ALL.len()],
+    /// The round trips of the replies received.
+    pub round_trip: Snapshot,
+}
+
+impl DispatchStats {
+    /// Callbacks that ended with `outcome`.
+    pub fn ended(&self, outcome: Outcome) -> u64 {
+        self.outcomes[outcome as usize]
+    }
+}
+
+/// How a callback (a wait for a reply, or an outfeed that could not be sent) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The reply came and gave the results.
+    Ok,
+    /// The reply came as an error, or was not what the program needs.
+    Error,
+    /// No reply within the run's callback timeout.
+    Timeout,
+    /// The target is not alive, exited, or its node is unreachable.
+    TargetDown,
+    /// The run gave up on it: its requester went away, or the node is shutting down.
+    Abandoned,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Timeout,
+        Outcome::TargetDown,
+        Outcome::Abandoned,
+    ];
+
+    /// The label `/metrics` gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::TargetDown => "target_down",
+            Outcome::Abandoned => "abandoned",
+        }
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct Counters {
     pub sent: AtomicU64,
-    pub replies: AtomicU64,
-    pub errors: AtomicU64,
-    pub timeouts: AtomicU64,
-    pub reply_wait_us: AtomicU64,
     pub pending: AtomicI64,
     pub outfeeds: AtomicU64,
+    outcomes: [AtomicU64; Outcome::ALL.len()],
+    /// Each reply's round trip, from the request's write to the reply in the waiting thread's
+    /// hands.
+    pub round_trip: Histogram,
+}
+
+impl Counters {
+    pub fn ended(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Serves the callback custom calls of every run on one client.
@@ -172,15 +226,19 @@ impl Dispatcher {
 
     pub fn stats(&self) -> DispatchStats {
         let c = &self.counters;
+        let outcomes = Outcome::ALL.map(|o| c.outcomes[o as usize].load(Ordering::Relaxed));
+        let round_trip = c.round_trip.snapshot();
         DispatchStats {
             callbacks: c.sent.load(Ordering::Relaxed),
-            replies: c.replies.load(Ordering::Relaxed),
-            errors: c.errors.load(Ordering::Relaxed),
-            timeouts: c.timeouts.load(Ordering::Relaxed),
-            reply_wait_us: c.reply_wait_us.load(Ordering::Relaxed),
+            replies: round_trip.count(),
+            errors: outcomes[Outcome::TargetDown as usize] + outcomes[Outcome::Abandoned as usize],
+            timeouts: outcomes[Outcome::Timeout as usize],
+            reply_wait_us: round_trip.sum().as_micros() as u64,
             pending: c.pending.load(Ordering::Relaxed).max(0) as u64,
             outfeeds: c.outfeeds.load(Ordering::Relaxed),
             open_runs: self.runs_lock().len() as u64,
+            outcomes,
+            round_trip,
         }
     }
 

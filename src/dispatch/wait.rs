@@ -25,7 +25,7 @@ use super::inspect;
 use super::polling::ReplyPolling;
 use super::run::{RunState, ABANDON};
 use super::watch::Watches;
-use super::Counters;
+use super::{Counters, Outcome};
 use crate::node::probe::{self, Step};
 use crate::node::term::{as_atom, atom, tuple};
 use crate::node::{Dest, Node, Process, Signal};
@@ -41,19 +41,49 @@ const POOL_MAX: usize = 64;
 /// `{TARGET_DOWN, callback_ref, reason}`.
 const TARGET_DOWN: &str = "$xla_node_callback_target_down";
 
-/// Why a wait failed; the text is what the run fails with.
+/// Why a callback failed; the text is what the run fails with.
 #[derive(Debug)]
 pub(crate) enum WaitError {
+    /// No reply within the timeout.
     TimedOut(String),
-    Failed(String),
+    /// The target is not alive, exited or is unreachable.
+    TargetDown(String),
+    /// The run gave up on the callback, or the node is shutting down.
+    Abandoned(String),
+    /// The reply came, and was an error or not what the program needs.
+    Refused(String),
 }
 
 impl WaitError {
     pub(crate) fn into_message(self) -> String {
         match self {
-            WaitError::TimedOut(m) | WaitError::Failed(m) => m,
+            WaitError::TimedOut(m)
+            | WaitError::TargetDown(m)
+            | WaitError::Abandoned(m)
+            | WaitError::Refused(m) => m,
         }
     }
+}
+
+/// How a callback that ended with `result` is counted.
+fn outcome<R>(result: &Result<R, WaitError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Ok,
+        Err(WaitError::Refused(_)) => Outcome::Error,
+        Err(WaitError::TimedOut(_)) => Outcome::Timeout,
+        Err(WaitError::TargetDown(_)) => Outcome::TargetDown,
+        Err(WaitError::Abandoned(_)) => Outcome::Abandoned,
+    }
+}
+
+/// One callback, as its handler describes it.
+pub(crate) struct Call<'a> {
+    pub dest: &'a Dest,
+    /// The run it belongs to, when the program names a run handle.
+    pub run: Option<&'a Arc<RunState>>,
+    pub timeout: Duration,
+    /// Names the call in error texts ("callback :add_one").
+    pub what: &'a str,
 }
 
 /// The pool of waiting processes.
@@ -87,21 +117,39 @@ impl Waiters {
         }
     }
 
-    /// Sends `build(reply_tag)` to `dest` (reply_tag = `{waiter_pid, ref}`) and waits for
-    /// `{ref, reply}`; returns `reply`. `what` names the call in error texts
-    /// ("callback :add_one").
-    pub(crate) fn call(
+    /// Sends `build(reply_tag)` to the call's target (reply_tag = `{waiter_pid, ref}`), waits
+    /// for `{ref, reply}`, and returns what `accept` makes of `reply`. Every callback is counted
+    /// here, once, by how it ended.
+    pub(crate) fn call<R>(
         &self,
-        dest: &Dest,
-        run: Option<&Arc<RunState>>,
-        timeout: Duration,
-        what: &str,
+        call: Call<'_>,
+        counters: &Counters,
+        build: impl FnOnce(Term) -> Term,
+        accept: impl FnOnce(Term) -> Result<R, String>,
+    ) -> Result<R, WaitError> {
+        let result = self
+            .exchange(&call, counters, build)
+            .and_then(|reply| accept(reply).map_err(WaitError::Refused));
+        counters.ended(outcome(&result));
+        result
+    }
+
+    /// Sends the request and waits for its reply.
+    fn exchange(
+        &self,
+        call: &Call<'_>,
         counters: &Counters,
         build: impl FnOnce(Term) -> Term,
     ) -> Result<Term, WaitError> {
+        let Call {
+            dest,
+            run,
+            timeout,
+            what,
+        } = *call;
         if let Some(run) = run {
             if let Some(reason) = run.closed() {
-                return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
+                return Err(WaitError::Abandoned(format!("{what} abandoned: {reason}")));
             }
             run.ensure_watch(&self.watches);
         }
@@ -110,7 +158,7 @@ impl Waiters {
         if let Some(run) = run {
             if let Err(reason) = run.register(&cref, waiter.pid()) {
                 self.put(waiter);
-                return Err(WaitError::Failed(format!("{what} abandoned: {reason}")));
+                return Err(WaitError::Abandoned(format!("{what} abandoned: {reason}")));
             }
         }
         let local = self.node.name();
@@ -130,8 +178,7 @@ impl Waiters {
                     run.unregister(&cref);
                 }
                 self.put(waiter);
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                return Err(WaitError::Failed(down_text(dest, local, &reason, what)));
+                return Err(WaitError::TargetDown(down_text(dest, local, &reason, what)));
             }
         };
         counters.pending.fetch_add(1, Ordering::Relaxed);
@@ -156,6 +203,7 @@ impl Waiters {
         let waited = waiting.elapsed();
         if result.is_ok() {
             registration.typical_reply().record(waited);
+            counters.round_trip.record(waited);
         }
 
         drop(registration);
@@ -163,17 +211,6 @@ impl Waiters {
             run.unregister(&cref);
         }
         counters.pending.fetch_sub(1, Ordering::Relaxed);
-        match &result {
-            Ok(_) => {
-                // Together: `:info` users divide one by the other.
-                counters
-                    .reply_wait_us
-                    .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
-                counters.replies.fetch_add(1, Ordering::Relaxed)
-            }
-            Err(WaitError::TimedOut(_)) => counters.timeouts.fetch_add(1, Ordering::Relaxed),
-            Err(WaitError::Failed(_)) => counters.errors.fetch_add(1, Ordering::Relaxed),
-        };
         self.put(waiter);
         result
     }
@@ -220,7 +257,7 @@ impl Waiters {
                     .or_else(|| waiter.recv_blocking_timeout(left))
             }) else {
                 if Instant::now() < deadline {
-                    return Err(WaitError::Failed(format!(
+                    return Err(WaitError::Abandoned(format!(
                         "{what} failed: the node is shutting down"
                     )));
                 }
@@ -240,7 +277,7 @@ impl Waiters {
                                 let reason = run
                                     .and_then(|r| r.closed())
                                     .unwrap_or_else(|| "the run was abandoned".to_string());
-                                return Err(WaitError::Failed(format!(
+                                return Err(WaitError::Abandoned(format!(
                                     "{what} abandoned: {reason}"
                                 )));
                             }
@@ -253,7 +290,7 @@ impl Waiters {
                         && as_atom(&t.elements[0]) == Some(TARGET_DOWN)
                         && matches!(&t.elements[1], Term::Reference(r) if **r == *cref) =>
                 {
-                    return Err(WaitError::Failed(down_text(
+                    return Err(WaitError::TargetDown(down_text(
                         dest,
                         local,
                         &t.elements[2],

@@ -11,9 +11,10 @@
 //! lane. Ticks go out when nothing else has been written for a tick interval.
 //!
 //! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
-//! silent for `net_ticktime` is declared down; so is one that sends anything malformed, or a
-//! message larger than the node's limit (`--max-message-bytes`, fragments added up), which is
-//! refused before its bytes are read.
+//! silent for `net_ticktime` is declared down; so is one that sends a malformed frame or control
+//! message (what it was, or whom it was for, cannot be told), or a message larger than the node's
+//! limit (`--max-message-bytes`, fragments added up), which is refused before its bytes are read.
+//! A well-formed control message whose payload cannot be decoded fails alone (see [`signals`]).
 
 use super::frame::{self, Encoded, Fragmenter, FrameDecoder, FrameError};
 use super::handshake::PeerInfo;
@@ -48,25 +49,24 @@ pub async fn run(
     outbox: &Outbox,
     cancel: CancellationToken,
 ) -> String {
-    let header_format = info.flags & flags::FRAGMENTS != 0;
     let shared = Shared {
         node,
         peer,
         outbox,
-        header_format,
+        peer_flags: info.flags,
     };
     match stream {
         DistStream::Tcp(tcp) => {
             let (read_half, write_half) = tcp.into_split();
             let socket = Arc::new(write_half);
             // Senders may write to a plain socket themselves.
-            outbox.attach(Some(socket.clone()), header_format);
+            outbox.attach(Some(socket.clone()), info.flags);
             serve(shared, read_half, Sink::Tcp(socket), queue, cancel).await
         }
         DistStream::Tls(tls) => {
             // The TLS session is shared by both halves; only the writer task writes to it.
             let (read_half, write_half) = tokio::io::split(*tls);
-            outbox.attach(None, header_format);
+            outbox.attach(None, info.flags);
             serve(shared, read_half, Sink::Tls(write_half), queue, cancel).await
         }
     }
@@ -77,7 +77,7 @@ struct Shared<'a> {
     node: &'a Node,
     peer: &'a str,
     outbox: &'a Outbox,
-    header_format: bool,
+    peer_flags: u64,
 }
 
 async fn serve<R: AsyncRead + Unpin>(
@@ -91,14 +91,14 @@ async fn serve<R: AsyncRead + Unpin>(
         node,
         peer,
         outbox,
-        header_format,
+        peer_flags,
     } = shared;
     let ticktime = node.net_ticktime();
     // A quarter of net_ticktime, as OTP; at most a second so that peers configured with a shorter
     // net_ticktime than ours still hear from us in time.
     let tick_interval = (ticktime / 4).min(Duration::from_secs(1));
     let reader = read_loop(node, peer, read_half, ticktime);
-    let writer = write_loop(node, sink, queue, outbox, header_format, tick_interval);
+    let writer = write_loop(node, sink, queue, outbox, peer_flags, tick_interval);
     let reason = tokio::select! {
         r = reader => r,
         w = writer => w,
@@ -134,6 +134,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         let message = match read.await {
             Ok(Some(message)) => {
                 super::probe::frame_read();
+                super::traffic::received_message();
                 message
             }
             Ok(None) => continue,
@@ -172,6 +173,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         Ok(Err(e)) => return Err(format!("connection closed ({e})")),
         Ok(Ok(len)) => len as usize,
     };
+    super::traffic::received_bytes(4 + len);
     if len == 0 {
         return Ok(None); // tick
     }
@@ -440,9 +442,10 @@ async fn write_loop(
     mut sink: Sink,
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
     outbox: &Outbox,
-    header_format: bool,
+    peer_flags: u64,
     tick_interval: Duration,
 ) -> String {
+    let header_format = peer_flags & flags::FRAGMENTS != 0;
     let mut batch = Batch::default();
     let mut lanes = Lanes::default();
     let mut ticker = tokio::time::interval(tick_interval);
@@ -460,7 +463,8 @@ async fn write_loop(
             Outgoing::Frame { sender, frame } => (sender, frame),
             Outgoing::Message { sender, message } => {
                 let (control, payload) = *message;
-                match frame::encode_owned(&control.to_term(), payload, header_format) {
+                match frame::encode_owned(&control.to_term_for(peer_flags), payload, header_format)
+                {
                     Encoded::Frame(frame) => (sender, frame),
                     Encoded::Large(body) => {
                         let fragments = Fragmenter::new(node.next_sequence(), body);
@@ -510,9 +514,11 @@ async fn write_loop(
         if batch.len() == 0 {
             continue;
         }
+        let bytes = batch.len();
         if let Err(e) = batch.write_to(&mut sink).await {
             return format!("write failed ({e})");
         }
+        super::traffic::sent_bytes(bytes);
         wrote_since_tick = true;
     }
 }

@@ -3,9 +3,15 @@
 //! first element is the operation code; some operations carry a second term, the payload
 //! (the message of a SEND, the reason of a PAYLOAD_EXIT).
 //!
-//! Only the operations an OTP 25 node sends to a hidden node with our flags are decoded; the rest
-//! are reported as [`ControlMessage::Unsupported`] so the connection can log and carry on.
+//! Only the operations an OTP 25-29 node sends to a hidden node with our flags are decoded; the
+//! rest are reported as [`ControlMessage::Unsupported`] so the connection can log and carry on.
+//!
+//! Replies to aliases are made as [`ControlMessage::AliasSend`] and put on the wire by
+//! [`ControlMessage::to_term_for`] in the form the peer negotiated: `ALTACT_SIG_SEND` with the
+//! ALIAS flag for peers with `DFLAG_ALTACT_SIG` (OTP 28+, which deprecates `ALIAS_SEND`),
+//! `ALIAS_SEND` for the others, as OTP's own `erts_dsig_send_msg` does.
 
+use super::flags;
 use super::term::{as_i64, atom, int, tuple};
 use eetf::{Atom, Pid, Reference, Term};
 
@@ -23,6 +29,31 @@ impl From<ProcRef> for Term {
             ProcRef::Name(a) => Term::from(a),
         }
     }
+}
+
+/// The `To` of ALTACT_SIG_SEND, as its NAME and ALIAS flags say: a pid, a registered name or an
+/// alias.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AltactTarget {
+    Pid(Pid),
+    Name(Atom),
+    Alias(Reference),
+}
+
+/// Bits of ALTACT_SIG_SEND's `Flags` (`ERTS_DOP_ALTACT_SIG_FLG_*` in OTP's dist.h). A receiver
+/// reads the least significant byte and ignores bits it does not know.
+pub mod altact {
+    /// A priority message or exit signal. It is handled as an ordinary one unless the receiver
+    /// enabled priority reception on the target alias; this node makes no aliases.
+    pub const PRIO: u8 = 1 << 0;
+    /// The control tuple has a fifth element, a sequential-trace token.
+    pub const TOKEN: u8 = 1 << 1;
+    /// `To` is an alias (a reference).
+    pub const ALIAS: u8 = 1 << 2;
+    /// `To` is a registered name (an atom).
+    pub const NAME: u8 = 1 << 3;
+    /// The signal is an exit signal with the payload as reason; otherwise a message.
+    pub const EXIT: u8 = 1 << 4;
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +98,14 @@ pub enum ControlMessage {
     },
     /// `{33, FromPid, Alias}` + Message (also ALIAS_SEND_TT 34)
     AliasSend { from: Pid, alias: Reference },
+    /// `{37, Flags, SenderPid, To}` or `{37, Flags, SenderPid, To, Token}` + Message, or the
+    /// Reason of an exit signal (`flags` has [`altact::EXIT`]). OTP 28+; the tuple may grow
+    /// more elements, which are ignored.
+    AltactSigSend {
+        flags: u8,
+        from: Pid,
+        to: AltactTarget,
+    },
     /// `{35, Id, FromPid, ToPid}`
     UnlinkId { id: Term, from: Pid, to: Pid },
     /// `{36, Id, FromPid, ToPid}`
@@ -101,6 +140,7 @@ pub mod op {
     pub const ALIAS_SEND_TT: i32 = 34;
     pub const UNLINK_ID: i32 = 35;
     pub const UNLINK_ID_ACK: i32 = 36;
+    pub const ALTACT_SIG_SEND: i32 = 37;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +165,7 @@ impl ControlMessage {
                 | op::PAYLOAD_MONITOR_P_EXIT
                 | op::ALIAS_SEND
                 | op::ALIAS_SEND_TT
+                | op::ALTACT_SIG_SEND
                 | 29 // SPAWN_REQUEST carries the argument list
                 | 30 // SPAWN_REQUEST_TT
         )
@@ -157,19 +198,24 @@ impl ControlMessage {
                 )))
             }
         };
-        let pid = |i: usize| match &e[i] {
+        // Operations whose arity is not checked first (those OTP lets grow) may be too short.
+        let element = |i: usize| {
+            e.get(i)
+                .ok_or_else(|| ControlError(format!("operation {op} with {} elements", e.len())))
+        };
+        let pid = |i: usize| match element(i)? {
             Term::Pid(p) => Ok(p.clone()),
             other => Err(ControlError(format!(
                 "operation {op}: element {i} is not a pid: {other}"
             ))),
         };
-        let reference = |i: usize| match &e[i] {
+        let reference = |i: usize| match element(i)? {
             Term::Reference(r) => Ok((**r).clone()),
             other => Err(ControlError(format!(
                 "operation {op}: element {i} is not a reference: {other}"
             ))),
         };
-        let proc_ref = |i: usize| match &e[i] {
+        let proc_ref = |i: usize| match element(i)? {
             Term::Pid(p) => Ok(ProcRef::Pid(p.clone())),
             Term::Atom(a) => Ok(ProcRef::Name(a.clone())),
             other => Err(ControlError(format!(
@@ -252,6 +298,7 @@ impl ControlMessage {
                 from: pid(1)?,
                 alias: reference(2)?,
             },
+            op::ALTACT_SIG_SEND => Self::altact_sig_send(&e)?,
             op::UNLINK_ID => {
                 need(4)?;
                 ControlMessage::UnlinkId {
@@ -272,7 +319,61 @@ impl ControlMessage {
         })
     }
 
-    /// The control tuple to put on the wire.
+    /// ALTACT_SIG_SEND's elements, checked as OTP checks them: at least four, a non-negative
+    /// integer `Flags` (of any size: only its low byte counts), a sender pid, a token when the
+    /// TOKEN flag says so, and a `To` of the kind the ALIAS and NAME flags (never both) say.
+    fn altact_sig_send(e: &[Term]) -> Result<Self, ControlError> {
+        let bad = |why: &str| Err(ControlError(format!("ALTACT_SIG_SEND: {why}")));
+        if e.len() < 4 {
+            return bad("fewer than 4 elements");
+        }
+        let flags = match &e[1] {
+            Term::FixInteger(i) if i.value >= 0 => i.value as u8,
+            Term::BigInteger(b) => {
+                // Two's complement, least significant byte first.
+                let bytes = b.value.to_signed_bytes_le();
+                match (bytes.first(), bytes.last()) {
+                    (Some(&low), Some(&high)) if high & 0x80 == 0 => low,
+                    _ => return bad("flags are not a non-negative integer"),
+                }
+            }
+            _ => return bad("flags are not a non-negative integer"),
+        };
+        let Term::Pid(from) = &e[2] else {
+            return bad("the sender is not a pid");
+        };
+        if flags & altact::TOKEN != 0 && e.len() < 5 {
+            return bad("TOKEN flag without a token");
+        }
+        let to = match (flags & altact::ALIAS != 0, flags & altact::NAME != 0, &e[3]) {
+            (true, false, Term::Reference(r)) => AltactTarget::Alias((**r).clone()),
+            (false, true, Term::Atom(a)) => AltactTarget::Name(a.clone()),
+            (false, false, Term::Pid(p)) => AltactTarget::Pid(p.clone()),
+            (_, _, to) => return bad(&format!("target {to} does not match flags {flags}")),
+        };
+        Ok(ControlMessage::AltactSigSend {
+            flags,
+            from: from.clone(),
+            to,
+        })
+    }
+
+    /// The control tuple to put on the wire to a peer that negotiated `peer_flags`.
+    pub fn to_term_for(&self, peer_flags: u64) -> Term {
+        match self {
+            ControlMessage::AliasSend { from, alias } if peer_flags & flags::ALTACT_SIG != 0 => {
+                ControlMessage::AltactSigSend {
+                    flags: altact::ALIAS,
+                    from: from.clone(),
+                    to: AltactTarget::Alias(alias.clone()),
+                }
+                .to_term()
+            }
+            _ => self.to_term(),
+        }
+    }
+
+    /// The control tuple to put on the wire, in the form this value names.
     pub fn to_term(&self) -> Term {
         let pid = |p: &Pid| Term::from(p.clone());
         let reference = |r: &Reference| Term::from(r.clone());
@@ -336,6 +437,17 @@ impl ControlMessage {
                 pid(from),
                 reference(alias),
             ]),
+            ControlMessage::AltactSigSend { flags, from, to } => tuple(vec![
+                int(op::ALTACT_SIG_SEND.into()),
+                // This node sends no trace tokens.
+                int((flags & !altact::TOKEN).into()),
+                pid(from),
+                match to {
+                    AltactTarget::Pid(p) => pid(p),
+                    AltactTarget::Name(n) => Term::from(n.clone()),
+                    AltactTarget::Alias(r) => reference(r),
+                },
+            ]),
             ControlMessage::UnlinkId { id, from, to } => tuple(vec![
                 int(op::UNLINK_ID.into()),
                 id.clone(),
@@ -350,5 +462,118 @@ impl ControlMessage {
             ]),
             ControlMessage::Unsupported { op } => tuple(vec![int(*op)]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::term::list;
+
+    fn pid() -> Pid {
+        Pid::new("a@b", 1, 0, 1)
+    }
+
+    fn alias() -> Reference {
+        Reference::from(("a@b", vec![1, 2, 3]))
+    }
+
+    fn parse(elements: Vec<Term>) -> Result<ControlMessage, ControlError> {
+        ControlMessage::from_term(tuple(elements), &mut None)
+    }
+
+    fn altact(flags: Term, to: Term, rest: Vec<Term>) -> Result<ControlMessage, ControlError> {
+        let mut e = vec![int(37), flags, Term::from(pid()), to];
+        e.extend(rest);
+        parse(e)
+    }
+
+    #[test]
+    fn altact_sig_send_targets_follow_the_flags() {
+        let sent = |flags: u8, to: AltactTarget| ControlMessage::AltactSigSend {
+            flags,
+            from: pid(),
+            to,
+        };
+        let to_pid = Term::from(Pid::new("x@y", 5, 0, 2));
+        assert_eq!(
+            altact(int(0), to_pid.clone(), vec![]).unwrap(),
+            sent(0, AltactTarget::Pid(Pid::new("x@y", 5, 0, 2)))
+        );
+        assert_eq!(
+            altact(int(8), atom("xla"), vec![]).unwrap(),
+            sent(8, AltactTarget::Name(Atom::from("xla")))
+        );
+        assert_eq!(
+            altact(int(4 | 1), Term::from(alias()), vec![]).unwrap(),
+            sent(5, AltactTarget::Alias(alias()))
+        );
+        // A token with TOKEN; more elements than OTP 28 sends are ignored.
+        assert!(altact(int(2 | 16), to_pid.clone(), vec![atom("token")]).is_ok());
+        assert!(altact(int(0), to_pid.clone(), vec![atom("x"), atom("y")]).is_ok());
+        // Flags of any size count by their low byte; unknown bits are ignored.
+        let big = Term::from(eetf::BigInteger::from((1i64 << 40) | 8 | 0x80));
+        assert_eq!(
+            altact(big, atom("xla"), vec![]).unwrap(),
+            sent(0x88, AltactTarget::Name(Atom::from("xla")))
+        );
+        // What OTP refuses.
+        for bad in [
+            altact(int(2), to_pid.clone(), vec![]), // TOKEN without a token
+            altact(int(4 | 8), atom("xla"), vec![]), // ALIAS and NAME
+            altact(int(4), to_pid.clone(), vec![]), // ALIAS, but a pid
+            altact(int(8), to_pid.clone(), vec![]), // NAME, but a pid
+            altact(int(0), atom("xla"), vec![]),    // a pid expected
+            altact(int(-1), to_pid.clone(), vec![]),
+            altact(
+                Term::from(eetf::BigInteger::from(-(1i64 << 40))),
+                to_pid,
+                vec![],
+            ),
+            altact(atom("zero"), atom("xla"), vec![]),
+            parse(vec![int(37), int(0), Term::from(pid())]),
+            // Too short for what the operation names.
+            parse(vec![int(2)]),
+            parse(vec![int(3), Term::from(pid())]),
+            parse(vec![int(33), Term::from(pid())]),
+            parse(vec![int(24)]),
+            parse(vec![int(37), int(8), list(vec![]), atom("xla")]),
+        ] {
+            assert!(bad.is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn alias_replies_take_the_form_the_peer_negotiated() {
+        let reply = ControlMessage::AliasSend {
+            from: pid(),
+            alias: alias(),
+        };
+        let old = tuple(vec![int(33), Term::from(pid()), Term::from(alias())]);
+        let new = tuple(vec![
+            int(37),
+            int(4),
+            Term::from(pid()),
+            Term::from(alias()),
+        ]);
+        assert_eq!(
+            reply.to_term_for(flags::ADVERTISED & !flags::ALTACT_SIG),
+            old
+        );
+        assert_eq!(reply.to_term_for(flags::ADVERTISED), new);
+        // And it reads back as what it is.
+        let mut payload = None;
+        assert_eq!(
+            ControlMessage::from_term(new, &mut payload).unwrap(),
+            ControlMessage::AltactSigSend {
+                flags: altact::ALIAS,
+                from: pid(),
+                to: AltactTarget::Alias(alias()),
+            }
+        );
+        assert!(ControlMessage::has_payload(37));
+        // Other messages are the same for every peer.
+        let send = ControlMessage::Send { to: pid() };
+        assert_eq!(send.to_term_for(flags::ADVERTISED), send.to_term());
     }
 }

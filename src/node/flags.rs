@@ -25,6 +25,12 @@ pub const UNLINK_ID: u64 = 0x2000000;
 pub const MANDATORY_25_DIGEST: u64 = 0x4000000;
 pub const V4_NC: u64 = 1 << 34;
 pub const ALIAS: u64 = 1 << 35;
+/// OTP 28+: the node handles the ALTACT_SIG_SEND control message (`0x20 << 32` in dist.h), which
+/// replaces ALIAS_SEND (deprecated in OTP 28, scheduled for removal in OTP 30).
+pub const ALTACT_SIG: u64 = 1 << 37;
+/// OTP 29+: the node handles native records (`RECORD_EXT`; `0x40 << 32`). Not advertised: this
+/// node decodes records it receives but cannot send them back as records.
+pub const NATIVE_RECORDS: u64 = 1 << 38;
 
 /// What OTP 25 requires of every peer (DFLAGS_MANDATORY_25).
 pub const MANDATORY: u64 = EXTENDED_REFERENCES
@@ -40,13 +46,15 @@ pub const MANDATORY: u64 = EXTENDED_REFERENCES
     | HANDSHAKE_23;
 
 /// What this node advertises: the mandatory set plus monitors (so that `GenServer.call` sends
-/// MONITOR_P and fails fast with `:noproc`), aliases (for OTP 24+ call replies), payload exits,
-/// unlink ids, V4 node containers and fragments (large messages do not stall small ones).
+/// MONITOR_P and fails fast with `:noproc`), aliases (for OTP 24+ call replies) and alternate
+/// action signals (their OTP 28+ form), payload exits, unlink ids, V4 node containers and
+/// fragments (large messages do not stall small ones).
 pub const ADVERTISED: u64 = MANDATORY
     | MANDATORY_25_DIGEST
     | DIST_MONITOR
     | DIST_MONITOR_NAME
     | ALIAS
+    | ALTACT_SIG
     | EXIT_PAYLOAD
     | UNLINK_ID
     | V4_NC

@@ -13,11 +13,10 @@
 //! OTP requires the header format back once FRAGMENTS is negotiated (a pass-through frame then kills
 //! the connection), so [`encode_owned`] picks the format from the negotiated flags.
 
-use super::control::ControlMessage;
-use super::message::{check_end, decode_message};
+use super::message::{decode_message, decode_pass_through};
 pub use super::message::{FrameError, Message, DEFAULT_MAX_MESSAGE_SIZE};
 use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
-use super::term::{decode_at, encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
+use super::term::{encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
 use bytes::{Buf, Bytes};
 use eetf::Term;
 use std::collections::{HashMap, VecDeque};
@@ -61,23 +60,7 @@ impl FrameDecoder {
     /// message yet.
     pub fn decode(&mut self, body: &[u8]) -> Result<Option<Message>, FrameError> {
         match body {
-            [PASS_THROUGH, VERSION_MAGIC, ..] => {
-                let (control, end) = decode_at(body, 2)?;
-                let payload = if ControlMessage::has_payload(ControlMessage::op_of(&control)?) {
-                    if body.get(end) != Some(&VERSION_MAGIC) {
-                        return Err(
-                            TermError::Malformed(end, "payload without version byte").into()
-                        );
-                    }
-                    let (payload, end) = decode_at(body, end + 1)?;
-                    check_end(body, end)?;
-                    Some(payload)
-                } else {
-                    check_end(body, end)?;
-                    None
-                };
-                Ok(Some(Message { control, payload }))
-            }
+            [PASS_THROUGH, VERSION_MAGIC, ..] => decode_pass_through(body).map(Some),
             [VERSION_MAGIC, DIST_HEADER, refs, ..] => {
                 if *refs != 0 {
                     return Err(FrameError::AtomCache);

@@ -6,7 +6,7 @@
 //! reply after the caller gave up is then dropped by the caller's node instead of polluting its
 //! mailbox. Older callers use a plain reference tag and get a plain send to their pid.
 
-use super::term::{as_atom, tuple};
+use super::term::{as_atom, as_tuple, decode_at, head, tuple, Decoded};
 use super::Process;
 use eetf::{Pid, Term};
 
@@ -22,30 +22,55 @@ pub fn parse_call(message: Term) -> Result<(From, Term), Term> {
     parse_tagged("$gen_call", message)
 }
 
+/// The caller of a `$gen_call` read from its encoded bytes at `at` (a term without version byte)
+/// when only the request, its last element, could not be decoded: the tuple's header, the
+/// `:"$gen_call"` atom and the `{pid, tag}` are decoded one by one and must be sound; what
+/// follows is not looked at. `None` if the bytes are not such a call.
+pub fn call_envelope(bytes: &[u8], at: usize) -> Option<From> {
+    let tuple_head = head(bytes, at, bytes.len()).ok()?;
+    // SMALL_TUPLE_EXT or LARGE_TUPLE_EXT of three elements.
+    if !matches!(tuple_head.tag, 104 | 105) || tuple_head.children != 3 {
+        return None;
+    }
+    let Decoded { term: tag, end, .. } = decode_at(bytes, tuple_head.end).ok()?;
+    if as_atom(&tag) != Some("$gen_call") {
+        return None;
+    }
+    let Decoded { term: from, .. } = decode_at(bytes, end).ok()?;
+    let Term::Tuple(from) = from else { return None };
+    match <[Term; 2]>::try_from(from.elements) {
+        Ok([Term::Pid(pid), tag]) => Some(From { pid, tag }),
+        _ => None,
+    }
+}
+
 /// Splits a system message (`{:system, from, request}`, as `:sys` sends) the same way.
 pub fn parse_system(message: Term) -> Result<(From, Term), Term> {
     parse_tagged("system", message)
 }
 
-fn parse_tagged(tag: &str, message: Term) -> Result<(From, Term), Term> {
-    let Term::Tuple(t) = message else {
-        return Err(message);
+/// The caller of a `$gen_call` message, without taking the message apart.
+pub fn call_from(message: &Term) -> Option<From> {
+    tagged_from("$gen_call", message)
+}
+
+fn tagged_from(tag: &str, message: &Term) -> Option<From> {
+    let [t, from, _] = as_tuple(message, 3)? else {
+        return None;
     };
-    let mut e = t.elements;
-    let tagged = e.len() == 3 && as_atom(&e[0]) == Some(tag);
-    let from = match e.get(1) {
-        Some(Term::Tuple(f)) if tagged && f.elements.len() == 2 => match &f.elements[0] {
-            Term::Pid(pid) => Some(From {
-                pid: pid.clone(),
-                tag: f.elements[1].clone(),
-            }),
-            _ => None,
-        },
+    match (as_atom(t), as_tuple(from, 2)?) {
+        (Some(t), [Term::Pid(pid), tag_term]) if t == tag => Some(From {
+            pid: pid.clone(),
+            tag: tag_term.clone(),
+        }),
         _ => None,
-    };
-    match from {
-        Some(from) => Ok((from, e.pop().expect("three elements"))),
-        None => Err(Term::from(eetf::Tuple::from(e))),
+    }
+}
+
+fn parse_tagged(tag: &str, message: Term) -> Result<(From, Term), Term> {
+    match (tagged_from(tag, &message), message) {
+        (Some(from), Term::Tuple(mut t)) => Ok((from, t.elements.pop().expect("three elements"))),
+        (_, message) => Err(message),
     }
 }
 

@@ -2,18 +2,18 @@
 //!
 //! [`Node::start`] registers with EPMD, listens for peers and hands out [`Process`]es. Everything
 //! else in the program (the `:xla` server, callback waiters) is a process of this node and talks to
-//! the cluster only through [`Process`] / [`Node`] methods: send, monitor, make_ref, register.
+//! the cluster only through [`Process`] / [`Node`] methods: send, monitor, register.
 //!
 //! Files: `epmd` (registration, lookup), `handshake` (v6 handshake), `peers` (the one-connection-
 //! per-node table, dialling and accepting), `stream` (plain TCP or TLS), `tls` (TLS distribution
 //! settings from OTP's option file, read by `consult`), `connection` (framing, batching writer,
-//! ticks, the message size limit),
-//! `frame` (frame formats, fragments), `message` (decoded messages, decoding errors), `control`
-//! (control messages), `signals` (what incoming control messages do to local processes),
-//! `process_table` (live processes, registered names, monitors and links), `process` (the
-//! handle a process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a
-//! callback's steps, timed on request), `term`, `flags`, `cookie`, `gen` (gen_server call and
-//! reply conventions).
+//! ticks, the message size limit), `frame` (frame formats, fragments), `message` (decoded
+//! messages, decoding errors), `control` (control messages), `signals` (what incoming control
+//! messages do to local processes), `native_record` (OTP 29 native records, decoded as tuples),
+//! `process_table` (live processes, registered names, monitors and links), `process` (the handle a
+//! process's code holds), `busy_wait` (a CPU kept awake after traffic), `probe` (a callback's
+//! steps, timed on request), `traffic` (bytes and messages each way), `term`, `flags`, `cookie`,
+//! `gen` (gen_server call and reply conventions).
 
 pub mod busy_wait;
 pub mod connection;
@@ -26,6 +26,7 @@ pub mod frame;
 pub mod gen;
 pub mod handshake;
 pub mod message;
+pub mod native_record;
 pub mod outbox;
 pub mod peers;
 pub mod probe;
@@ -36,6 +37,7 @@ pub mod signals;
 pub mod stream;
 pub mod term;
 pub mod tls;
+pub mod traffic;
 
 use control::ControlMessage;
 use eetf::{Atom, Pid, Reference, Term};
@@ -43,7 +45,7 @@ use handshake::LocalIdentity;
 pub use process::{Dest, Process, Signal};
 use process_table::{Local, ProcessTable};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -111,7 +113,6 @@ pub(crate) struct NodeInner {
     /// One slot per peer node: its connection, or the dialling of one.
     peers: Mutex<HashMap<String, Arc<peers::Peer>>>,
     shutdown: CancellationToken,
-    listen_addr: SocketAddr,
     registration: Mutex<Option<epmd::Registration>>,
     listener: Mutex<Option<TcpListener>>,
     busy_wait: busy_wait::BusyWait,
@@ -168,7 +169,6 @@ impl Node {
                 processes: Mutex::new(ProcessTable::new(registration.creation)),
                 peers: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
-                listen_addr,
                 registration: Mutex::new(Some(registration)),
                 listener: Mutex::new(None),
                 busy_wait,
@@ -204,10 +204,6 @@ impl Node {
 
     pub fn creation(&self) -> u32 {
         self.inner.identity.creation
-    }
-
-    pub fn listen_addr(&self) -> SocketAddr {
-        self.inner.listen_addr
     }
 
     pub fn uptime(&self) -> Duration {
@@ -302,7 +298,8 @@ impl Node {
         }
     }
 
-    /// Sends to an alias (the reply path of OTP 24+ `gen:call`).
+    /// Sends to an alias (the reply path of OTP 24+ `gen:call`): as ALTACT_SIG_SEND to peers
+    /// that advertise it (OTP 28+), else as ALIAS_SEND; the connection picks the form.
     pub fn send_alias(&self, from: &Pid, alias: &Reference, message: Term) {
         if alias.node == self.inner.name {
             return; // this node never hands out aliases

@@ -13,6 +13,7 @@
 //! direct write hands its rest to the writer, which then writes it before anything else.
 
 use super::control::ControlMessage;
+use super::flags;
 use super::frame::{self, Encoded};
 use bytes::{Buf, Bytes};
 use eetf::{Pid, Term};
@@ -43,9 +44,10 @@ pub struct Outbox {
 }
 
 struct State {
-    /// The established connection's socket (`None` over TLS: no direct writes) and whether it
-    /// uses the `131 'D'` header format; `None` while dialling and after the connection ended.
-    link: Option<(Option<Arc<OwnedWriteHalf>>, bool)>,
+    /// The established connection's socket (`None` over TLS: no direct writes) and the flags the
+    /// peer negotiated (which say whether it uses the `131 'D'` header format, and how alias
+    /// messages are sent); `None` while dialling and after the connection ended.
+    link: Option<(Option<Arc<OwnedWriteHalf>>, u64)>,
     /// Frames handed to the writer task and not yet written.
     pending: usize,
 }
@@ -69,8 +71,9 @@ impl Outbox {
     /// like Erlang's send, if the connection is gone.
     pub fn send(&self, from: &Pid, control: ControlMessage, payload: Option<Term>) {
         let sender = from.id | (from.serial << 15);
+        super::traffic::sent_message();
         let state = self.lock();
-        let Some((socket, header_format)) = state.link.clone() else {
+        let Some((socket, peer_flags)) = state.link.clone() else {
             let out = Outgoing::Message {
                 sender,
                 message: Box::new((control, payload)),
@@ -79,7 +82,11 @@ impl Outbox {
         };
         drop(state);
         // Encode outside the lock: a large message must not hold up other senders.
-        let encoded = frame::encode_owned(&control.to_term(), payload, header_format);
+        let encoded = frame::encode_owned(
+            &control.to_term_for(peer_flags),
+            payload,
+            peer_flags & flags::FRAGMENTS != 0,
+        );
         super::probe::mark(super::probe::Step::Encoded);
         let mut frame = match encoded {
             Encoded::Large(body) => {
@@ -93,7 +100,11 @@ impl Outbox {
         };
         let slices: Vec<IoSlice> = frame.iter().map(|c| IoSlice::new(c)).collect();
         let total: usize = frame.iter().map(Bytes::len).sum();
-        match socket.as_ref().as_ref().try_write_vectored(&slices) {
+        let written = socket.as_ref().as_ref().try_write_vectored(&slices);
+        if let Ok(n) = written {
+            super::traffic::sent_bytes(n);
+        }
+        match written {
             Ok(n) if n == total => {}
             Ok(n) => {
                 advance(&mut frame, n);
@@ -112,9 +123,10 @@ impl Outbox {
         let _ = self.queue.send(out);
     }
 
-    /// The writer task: the connection is up; senders may write to `socket` directly, if given.
-    pub(crate) fn attach(&self, socket: Option<Arc<OwnedWriteHalf>>, header_format: bool) {
-        self.lock().link = Some((socket, header_format));
+    /// The writer task: the connection is up, with a peer that negotiated `peer_flags`; senders
+    /// may write to `socket` directly, if given.
+    pub(crate) fn attach(&self, socket: Option<Arc<OwnedWriteHalf>>, peer_flags: u64) {
+        self.lock().link = Some((socket, peer_flags));
     }
 
     /// The writer task: the connection is over.

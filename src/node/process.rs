@@ -194,10 +194,6 @@ impl Process {
         self.node.demonitor(&self.pid, reference);
     }
 
-    pub fn make_ref(&self) -> Reference {
-        self.node.make_ref()
-    }
-
     /// Registers this process under `name`; false if the name is taken.
     pub fn register(&self, name: &str) -> bool {
         self.node.register(name, &self.pid)

@@ -188,6 +188,11 @@ impl Node {
         true
     }
 
+    /// The pid of the live local process `to` stands for.
+    pub(crate) fn live_pid(&self, to: Local<'_>) -> Option<Pid> {
+        self.table().resolve(to).map(|entry| entry.pid.clone())
+    }
+
     /// The local pid registered under `name`.
     pub fn whereis(&self, name: &str) -> Option<Pid> {
         self.table().names.get(name).cloned()

@@ -15,8 +15,12 @@
 //!
 //! Large binaries inside a `NEW_FUN_EXT` stay in the small bytes: the fun's Size field counts
 //! them.
+//!
+//! A tag the walker cannot read (unknown, or malformed) ends the search for large binaries: the
+//! rest of the message is kept as small bytes, and decoding it tells whether the fault lies in
+//! the control message (the connection is dropped) or only in the payload (that message fails).
 
-use super::message::{decode_message, FrameError, Message};
+use super::message::{decode_message, decode_truncated, FrameError, Message};
 use super::term::{self, TermError, BINARY_EXT};
 use eetf::{InternalFun, Term};
 use std::io;
@@ -49,6 +53,8 @@ pub struct Reassembly {
     walk: usize,
     /// Large binaries are left in `small` before this offset (inside a `NEW_FUN_EXT`).
     no_big_before: usize,
+    /// The walker met a tag it cannot read: everything from there on is small bytes.
+    opaque: bool,
     bigs: Vec<Big>,
     /// Bytes of the message taken into `small` (placeholders not counted).
     small_fed: usize,
@@ -59,6 +65,8 @@ pub struct Reassembly {
 }
 
 struct Big {
+    /// Offset of its header in the small bytes.
+    at: usize,
     data: Vec<u8>,
     /// The length its header announces.
     len: usize,
@@ -73,6 +81,7 @@ impl Reassembly {
             small: Vec::new(),
             walk: 0,
             no_big_before: 0,
+            opaque: false,
             bigs: Vec::new(),
             small_fed: 0,
             expected,
@@ -101,13 +110,17 @@ impl Reassembly {
         let old = self.small.len();
         self.reserve_small(bytes.len());
         self.small.extend_from_slice(bytes);
-        loop {
+        while !self.opaque {
             let at = self.walk;
             let head = match term::head(&self.small, at, usize::MAX) {
                 Ok(head) => head,
                 // The rest of this tag's header has not arrived yet.
                 Err(TermError::Truncated(_)) => break,
-                Err(e) => return Err(e.into()),
+                // Decoding the whole message says what it spoils.
+                Err(_) => {
+                    self.opaque = true;
+                    break;
+                }
             };
             if let Some(end) = head.fun_end {
                 self.no_big_before = self.no_big_before.max(end);
@@ -142,6 +155,7 @@ impl Reassembly {
         self.small.extend_from_slice(&index.to_be_bytes());
         self.walk = data_at + PLACEHOLDER_LEN;
         self.bigs.push(Big {
+            at,
             data: Vec::with_capacity(len.min(PREALLOCATE_LIMIT)),
             len,
         });
@@ -185,11 +199,11 @@ impl Reassembly {
 
     /// Decodes the complete message and puts each large binary's vector in its place.
     pub fn finish(mut self) -> Result<Message, FrameError> {
-        if self.big_target().is_some() {
-            // A binary claims more bytes than the message has.
-            return Err(TermError::Truncated(self.small.len()).into());
-        }
-        let mut message = decode_message(&self.small)?;
+        let mut message = match self.big_target() {
+            // A binary claims more bytes than the message has: the term holding it is cut short.
+            Some(_) => decode_truncated(&self.small, self.bigs.last().expect("a target").at)?,
+            None => decode_message(&self.small)?,
+        };
         if self.bigs.is_empty() {
             return Ok(message);
         }
@@ -202,8 +216,15 @@ impl Reassembly {
         if let Some(payload) = &mut message.payload {
             restore.term(payload)?;
         }
-        if slots.iter().any(Option::is_some) {
-            return Err(misplaced());
+        match &mut message.payload_error {
+            // The payload's binaries went with it.
+            Some(failed) => {
+                if let Some(call) = &mut failed.call {
+                    restore.term(&mut call.tag)?;
+                }
+            }
+            None if slots.iter().any(Option::is_some) => return Err(misplaced()),
+            None => {}
         }
         Ok(message)
     }
@@ -724,12 +745,20 @@ mod tests {
         assert_eq!(pointers, [at]);
     }
 
+    /// A message whose payload is cut short or lies fails alone: it still decodes, with its
+    /// control message and a payload error.
+    fn payload_failed(result: Result<Message, FrameError>, control: &Term) -> bool {
+        matches!(result, Ok(m) if m.payload_error.is_some() && m.payload.is_none() && &m.control == control)
+    }
+
     #[test]
     fn truncated_messages_are_errors() {
         // Every strict prefix of a message, however cut, among them those that end inside a
-        // large binary's header or data.
+        // large binary's header or data: a frame error while the control message is cut, a
+        // payload error after.
         for (control, payload, _) in messages() {
             let data = data_of(&control, &payload);
+            let control_len = term::decode_at(&data, 0).unwrap().end;
             for end in 0..data.len() {
                 let prefix = &data[..end];
                 for cuts in [vec![], vec![end / 2], interesting(prefix)] {
@@ -738,10 +767,12 @@ mod tests {
                         continue;
                     }
                     let mut decoder = FrameDecoder::with_big_binary(T);
-                    assert!(
-                        decode_frames(&mut decoder, &frames).is_err(),
-                        "{payload} to {end}"
-                    );
+                    let result = decode_frames(&mut decoder, &frames);
+                    if end < control_len {
+                        assert!(result.is_err(), "{payload} to {end}");
+                    } else {
+                        assert!(payload_failed(result, &control), "{payload} to {end}");
+                    }
                 }
             }
         }
@@ -750,7 +781,8 @@ mod tests {
     #[test]
     fn lying_binary_lengths_are_errors() {
         let payload = tuple(vec![atom("echo"), big(T, 4), int(1)]);
-        let data = data_of(&reg_send(atom("")), &payload);
+        let control = reg_send(atom(""));
+        let data = data_of(&control, &payload);
         let at = interesting(&data)[0];
         for claimed in [T as u32 + 1, T as u32 + 1000, u32::MAX] {
             let mut lying = data.clone();
@@ -758,7 +790,10 @@ mod tests {
             for cuts in [vec![at + 3], vec![at + 5, at + 9], vec![lying.len() - 1]] {
                 let mut decoder = FrameDecoder::with_big_binary(T);
                 let frames = fragments(2, &lying, &cuts);
-                assert!(decode_frames(&mut decoder, &frames).is_err());
+                assert!(payload_failed(
+                    decode_frames(&mut decoder, &frames),
+                    &control
+                ));
             }
         }
         // A huge claimed length is not reserved up front.
@@ -769,10 +804,8 @@ mod tests {
         let (vector, missing) = message.big_target().unwrap();
         assert_eq!(missing, u32::MAX as usize - (lying.len() - at - 5));
         assert!(vector.capacity() <= PREALLOCATE_LIMIT);
-        assert!(matches!(
-            message.finish(),
-            Err(FrameError::Term(TermError::Truncated(_)))
-        ));
+        let failed = message.finish().unwrap().payload_error.unwrap();
+        assert!(matches!(failed.error, TermError::Truncated(_)));
     }
 
     #[test]
@@ -832,13 +865,62 @@ mod tests {
 
     #[test]
     fn bad_tags_after_a_large_binary_are_errors() {
-        let payload = list(vec![big(T, 1), int(1)]);
-        let mut data = data_of(&reg_send(atom("")), &payload);
-        let last = data.len() - 3; // the SMALL_INTEGER_EXT before the tail
-        assert_eq!(data[last], 97);
-        data[last] = 82; // an atom cache reference
+        // In the payload: that message fails, with or without large binaries before the tag.
+        for (control, payload) in [
+            (reg_send(atom("")), list(vec![big(T, 1), int(1)])),
+            (reg_send(big(T, 2)), list(vec![atom("x"), int(1)])),
+        ] {
+            let mut data = data_of(&control, &payload);
+            let last = data.len() - 3; // the SMALL_INTEGER_EXT before the tail
+            assert_eq!(data[last], 97);
+            data[last] = 82; // an atom cache reference
+            for cuts in [
+                vec![last - 10],
+                vec![last],
+                vec![last + 1],
+                vec![5, last + 2],
+            ] {
+                let mut decoder = FrameDecoder::with_big_binary(T);
+                let result = decode_frames(&mut decoder, &fragments(1, &data, &cuts));
+                assert!(payload_failed(result, &control), "cut at {cuts:?}");
+            }
+        }
+        // In the control message, after a large binary there: the connection's fault.
+        let control = tuple(vec![int(6), Term::from(pid()), big(T, 3), atom("xla")]);
+        let mut data = data_of(&control, &int(1));
+        let name = data.iter().rposition(|&b| b == 119).unwrap(); // `xla`'s tag
+        data[name] = 82;
         let mut decoder = FrameDecoder::with_big_binary(T);
-        assert!(decode_frames(&mut decoder, &fragments(1, &data, &[last - 10])).is_err());
+        assert!(decode_frames(&mut decoder, &fragments(1, &data, &[name - 3])).is_err());
+    }
+
+    #[test]
+    fn a_call_whose_request_cannot_be_decoded_keeps_its_caller() {
+        // {:"$gen_call", {pid, [:alias | ref]}, {:echo, big, <bad tag>}} in fragments.
+        let tag = Term::from(eetf::ImproperList::from((
+            vec![atom("alias")],
+            Term::from(eetf::Reference::from(("a@b", vec![1, 2, 3]))),
+        )));
+        let request = tuple(vec![atom("echo"), big(T, 1), int(7)]);
+        let payload = tuple(vec![
+            atom("$gen_call"),
+            tuple(vec![Term::from(pid()), tag.clone()]),
+            request,
+        ]);
+        let control = reg_send(atom(""));
+        let mut data = data_of(&control, &payload);
+        let last = data.len() - 2;
+        assert_eq!(data[last], 97);
+        data[last] = 200; // no such tag
+        let mut decoder = FrameDecoder::with_big_binary(T);
+        let message = decode_frames(&mut decoder, &fragments(4, &data, &[30, last])).unwrap();
+        let failed = message.payload_error.unwrap();
+        assert!(matches!(
+            failed.error,
+            TermError::UnsupportedTag { tag: 200, .. }
+        ));
+        let call = failed.call.unwrap();
+        assert_eq!((call.pid, call.tag), (pid(), tag));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! socket is therefore walked first by [`scan`], an iterative checker that knows each tag's layout:
 //! it finds where a term ends, rejects unknown or unsupported tags, checks every length against the
 //! bytes that are really there and bounds the nesting depth. Only then is the slice handed to eetf.
+//! OTP 29's native records, which eetf does not know, are rewritten into tuples on the way
+//! (see [`native_record`]).
 
+use super::native_record::{self, RECORD_EXT};
 use bytes::Bytes;
 use eetf::{Atom, Binary, FixInteger, List, Reference, Term, Tuple};
 use std::io::Read;
@@ -33,11 +36,21 @@ pub enum TermError {
     Decode(String),
 }
 
-/// Walks one term in external format (without the version byte) starting at `start` and returns
-/// the offset just past it. Iterative: `pending` counts how many terms each open container still
-/// owes, so depth costs heap, not stack.
-pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
+/// What [`scan`] found out about a term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scanned {
+    /// Offset just past the term.
+    pub end: usize,
+    /// Whether it holds native records (`RECORD_EXT`), which decoding rewrites into tuples.
+    pub native_records: bool,
+}
+
+/// Walks one term in external format (without the version byte) starting at `start` and says
+/// where it ends. Iterative: `pending` counts how many terms each open container still owes, so
+/// depth costs heap, not stack.
+pub fn scan(buf: &[u8], start: usize) -> Result<Scanned, TermError> {
     let mut pos = start;
+    let mut native_records = false;
     let mut pending: Vec<u64> = vec![1];
     while let Some(top) = pending.last_mut() {
         if *top == 0 {
@@ -45,7 +58,10 @@ pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
             continue;
         }
         *top -= 1;
-        let Head { end, children, .. } = head(buf, pos, buf.len())?;
+        let Head {
+            tag, end, children, ..
+        } = head(buf, pos, buf.len())?;
+        native_records |= tag == RECORD_EXT;
         pos = end;
         if children > 0 {
             // Every term takes at least one byte: a count beyond the bytes left is a lie.
@@ -58,7 +74,10 @@ pub fn scan(buf: &[u8], start: usize) -> Result<usize, TermError> {
             pending.push(children);
         }
     }
-    Ok(pos)
+    Ok(Scanned {
+        end: pos,
+        native_records,
+    })
 }
 
 /// The layout of one term as [`head`] reads it from its tag and header.
@@ -195,6 +214,13 @@ pub fn head(buf: &[u8], at: usize, limit: usize) -> Result<Head, TermError> {
             let num_free = u32_at(buf, &mut pos)? as u64;
             4 + num_free
         }
+        RECORD_EXT => {
+            // OTP 29: field count, flags, then module, name, field names and values.
+            let fields = u32_at(buf, &mut pos)?;
+            let flags = byte(buf, pos)?;
+            pos += 1;
+            native_record::children(fields, flags).map_err(|why| TermError::Malformed(at, why))?
+        }
         _ => return Err(TermError::UnsupportedTag { tag, at }),
     };
     Ok(Head {
@@ -260,17 +286,40 @@ fn atom_only(buf: &[u8], pos: &mut usize) -> Result<(), TermError> {
     }
 }
 
-/// Checks and decodes one term without version byte from `buf[start..]`; returns it and the
-/// offset just past it.
-pub fn decode_at(buf: &[u8], start: usize) -> Result<(Term, usize), TermError> {
-    let end = scan(buf, start)?;
+/// A term decoded from a buffer by [`decode_at`].
+#[derive(Debug)]
+pub struct Decoded {
+    pub term: Term,
+    /// Offset just past the term in the buffer.
+    pub end: usize,
+    /// Whether it held native records, now tuples (see [`native_record`]).
+    pub native_records: bool,
+}
+
+/// Checks and decodes one term without version byte from `buf[start..]`.
+pub fn decode_at(buf: &[u8], start: usize) -> Result<Decoded, TermError> {
+    let Scanned {
+        end,
+        native_records,
+    } = scan(buf, start)?;
     let body = &buf[start..end];
+    let rewritten;
+    let body = if native_records {
+        rewritten = native_record::rewrite(body)?;
+        &rewritten[..]
+    } else {
+        body
+    };
     // eetf wants the version byte in front; chaining avoids copying the body.
     let reader = [VERSION_MAGIC].chain(body);
     let term = std::panic::catch_unwind(|| Term::decode(reader))
         .map_err(|_| TermError::Decode("decoder panicked".into()))?
         .map_err(|e| TermError::Decode(e.to_string()))?;
-    Ok((term, end))
+    Ok(Decoded {
+        term,
+        end,
+        native_records,
+    })
 }
 
 /// Decodes a complete `term_to_binary` result (with version byte), rejecting trailing bytes.
@@ -280,7 +329,7 @@ pub fn binary_to_term(bytes: &[u8]) -> Result<Term, TermError> {
         Some(_) => return Err(TermError::Malformed(0, "missing version byte 131")),
         None => return Err(TermError::Truncated(0)),
     }
-    let (term, end) = decode_at(bytes, 1)?;
+    let Decoded { term, end, .. } = decode_at(bytes, 1)?;
     if end != bytes.len() {
         return Err(TermError::Malformed(end, "trailing bytes after term"));
     }
@@ -695,5 +744,16 @@ mod tests {
         fun.extend_from_slice(&[0, 0, 0, 1]);
         let fun = head(&fun, 0, usize::MAX).unwrap();
         assert_eq!((fun.fun_end, fun.children), (Some(201), 5));
+        // A native record: module, name, 3 field names and 3 values follow its header.
+        let record = head(&[67, 0, 0, 0, 3, 1], 0, usize::MAX).unwrap();
+        assert_eq!((record.end, record.children), (6, 8));
+        assert!(matches!(
+            head(&[67, 0, 0, 0, 3, 2], 0, usize::MAX),
+            Err(TermError::Malformed(0, _))
+        ));
+        assert_eq!(
+            head(&[67, 0, 0, 0, 3], 0, usize::MAX),
+            Err(TermError::Truncated(5))
+        );
     }
 }

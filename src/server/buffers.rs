@@ -32,7 +32,7 @@ pub fn to_device(state: &Arc<State>, from: From, tensor: HostTensor) {
 pub fn read(state: &Arc<State>, from: From, buffer: Reference) {
     let buffer = match state.lookup_buffer(&buffer) {
         Ok(b) => b,
-        Err(e) => return state.reply(&from, e.to_reply()),
+        Err(e) => return state.reply_error(&from, &e),
     };
     state.spawn(move |state| {
         let read = buffer.to_host_tensor().map(host_tensor_term);
@@ -48,17 +48,16 @@ pub fn parse_free(term: Term) -> Result<Reference, RequestError> {
     }
 }
 
-/// `{:free, reference}`: the reply, `:ok` or the error.
-pub fn free(state: &State, reference: &Reference) -> Term {
+/// `{:free, reference}`: the reply, `:ok`, or the error.
+pub fn free(state: &State, reference: &Reference) -> Result<Term, RequestError> {
     match state.resources.free(reference) {
         Some(resource) => {
             state.release(vec![resource]);
-            atom("ok")
+            Ok(atom("ok"))
         }
-        None => argument(format!(
+        None => Err(argument(format!(
             "unknown or freed reference {}",
             Term::from(reference.clone())
-        ))
-        .to_reply(),
+        ))),
     }
 }

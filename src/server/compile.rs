@@ -13,6 +13,7 @@ use crate::node::gen::From;
 use crate::xla::XlaError;
 use eetf::Term;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// `{:compile, mlir, opts}`, parsed.
 #[derive(Debug)]
@@ -46,10 +47,12 @@ impl CompileRequest {
         let program = self.program;
         let calls_back = Program::mentions_callbacks(&program);
         state.spawn(move |state| {
+            let started = Instant::now();
             let compiled = state.executor.compile(program).map(|(exe, _cache_hit)| {
                 let exe = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
                 Term::from(state.register(exe, &from.pid))
             });
+            state.compile_time.record(started.elapsed());
             state.reply_result(&from, compiled.map_err(|e| with_kernels(e).into()));
         });
     }

@@ -1,11 +1,12 @@
 //! Why a request failed, and the `{:error, {kind, message}}` reply that says so.
 //!
 //! Every error reply of `:xla` is built here, from a [`RequestError`], so that its kind atoms
-//! (the README's list) have one source.
+//! (the README's list) have one source, and counted by kind (`State::reply_error`).
 
 use crate::node::term::error_kind;
 use crate::xla::XlaError;
 use eetf::Term;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a request failed; its kind is the atom the `{:error, {kind, message}}` reply carries.
 #[derive(Debug, thiserror::Error)]
@@ -28,20 +29,69 @@ pub enum RequestError {
 }
 
 impl RequestError {
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            RequestError::BadRequest(_) => "bad_request",
-            RequestError::Argument(_) => "argument_error",
-            RequestError::Xla(XlaError::Compile(_)) => "compile_error",
-            RequestError::Xla(XlaError::Argument(_)) => "argument_error",
-            RequestError::Xla(XlaError::Runtime(_) | XlaError::Plugin(_)) => "runtime_error",
-            RequestError::Timeout(_) => "timeout",
-            RequestError::Kernel(_) => "kernel_error",
+            RequestError::BadRequest(_) => ErrorKind::BadRequest,
+            RequestError::Argument(_) => ErrorKind::Argument,
+            RequestError::Xla(XlaError::Compile(_)) => ErrorKind::Compile,
+            RequestError::Xla(XlaError::Argument(_)) => ErrorKind::Argument,
+            RequestError::Xla(XlaError::Runtime(_) | XlaError::Plugin(_)) => ErrorKind::Runtime,
+            RequestError::Timeout(_) => ErrorKind::Timeout,
+            RequestError::Kernel(_) => ErrorKind::Kernel,
         }
     }
 
     /// `{:error, {kind, message}}`.
     pub fn to_reply(&self) -> Term {
-        error_kind(self.kind(), self.to_string())
+        error_kind(self.kind().as_str(), self.to_string())
+    }
+}
+
+/// The kind atom of an error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    BadRequest,
+    Argument,
+    Compile,
+    Runtime,
+    Timeout,
+    Kernel,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::BadRequest,
+        ErrorKind::Argument,
+        ErrorKind::Compile,
+        ErrorKind::Runtime,
+        ErrorKind::Timeout,
+        ErrorKind::Kernel,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Argument => "argument_error",
+            ErrorKind::Compile => "compile_error",
+            ErrorKind::Runtime => "runtime_error",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Kernel => "kernel_error",
+        }
+    }
+}
+
+/// Error replies sent, per kind: `:info`'s `request_errors`, `/metrics`'
+/// `xla_node_request_errors_total`.
+#[derive(Debug, Default)]
+pub struct ErrorTally([AtomicU64; ErrorKind::ALL.len()]);
+
+impl ErrorTally {
+    pub fn record(&self, kind: ErrorKind) {
+        self.0[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (kind, replies) for every kind.
+    pub fn counts(&self) -> [(ErrorKind, u64); ErrorKind::ALL.len()] {
+        ErrorKind::ALL.map(|k| (k, self.0[k as usize].load(Ordering::Relaxed)))
     }
 }

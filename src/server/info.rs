@@ -1,11 +1,14 @@
 //! `:info`: what the node is, what it holds and what it has done, as one map (the keys are the
 //! README's `:info` row).
 //!
-//! Built on the server's task from counters alone: answering never waits on XLA or a run.
+//! Built on the server's task from counters alone: answering never waits on XLA or a run. The
+//! same counters are what `/metrics` shows (`metrics.rs`).
 
 use super::state::State;
-use crate::node::probe;
+use crate::dispatch::Outcome;
+use crate::metrics::Snapshot;
 use crate::node::term::{atom, binary, boolean, int, list};
+use crate::node::{probe, traffic};
 use crate::xla::{loaded_kernels, LoadedKernel};
 use eetf::{Float, Map, Term};
 use std::collections::HashMap;
@@ -15,7 +18,7 @@ pub fn info(state: &State) -> Term {
     let node = &state.node;
     let client = state.executor.client();
     let compiles = state.executor.stats();
-    let (executables, buffers) = state.resources.counts();
+    let held = state.resources.held();
     let scheduled = state.scheduler.counts();
     let (runs, run_errors) = state.runs.counts();
     let (major, minor) = client.api().version();
@@ -37,10 +40,12 @@ pub fn info(state: &State) -> Term {
         ("host_callbacks", boolean(client.runs_host_handlers())),
         ("plugin", text(state.plugin.display().to_string())),
         ("pjrt_api_version", text(format!("{major}.{minor}"))),
-        ("executables", int(executables as i64)),
-        ("buffers", int(buffers as i64)),
+        ("executables", int(held.executables as i64)),
+        ("buffers", int(held.buffers as i64)),
+        ("buffer_bytes", int(held.buffer_bytes as i64)),
         ("compiles", int(compiles.compiles as i64)),
         ("cache_hits", int(compiles.cache_hits as i64)),
+        ("compile_errors", int(compiles.compile_errors as i64)),
         ("cached_executables", int(compiles.cached as i64)),
         ("runs", int(runs as i64)),
         ("runs_running", int(scheduled.running as i64)),
@@ -48,6 +53,9 @@ pub fn info(state: &State) -> Term {
         ("queue_timeouts", int(scheduled.queue_timeouts as i64)),
         ("run_errors", int(run_errors as i64)),
         ("callbacks", callbacks(state)),
+        ("latency_us", latency(state)),
+        ("request_errors", request_errors(state)),
+        ("traffic", traffic()),
         (
             "kernels",
             list(loaded_kernels().iter().map(kernel).collect()),
@@ -67,6 +75,10 @@ fn callbacks(state: &State) -> Term {
         ("pending", int(s.pending as i64)),
         ("outfeeds", int(s.outfeeds as i64)),
         ("open_runs", int(s.open_runs as i64)),
+        ("ok", int(s.ended(Outcome::Ok) as i64)),
+        ("error_replies", int(s.ended(Outcome::Error) as i64)),
+        ("target_down", int(s.ended(Outcome::TargetDown) as i64)),
+        ("abandoned", int(s.ended(Outcome::Abandoned) as i64)),
     ];
     // With XLA_NODE_CALLBACK_TRACE=1: the median microseconds from a custom call's start to
     // each step of its callback (see `node::probe`).
@@ -81,6 +93,46 @@ fn callbacks(state: &State) -> Term {
         entries.push(("trace", map(trace)));
     }
     map(entries)
+}
+
+/// The p50 and p99, in microseconds, of the durations `/metrics` shows as histograms, with how
+/// many there were; 0.0 before the first.
+fn latency(state: &State) -> Term {
+    let summary = |snapshot: Snapshot| {
+        let us = |q| snapshot.quantile(q).map_or(0.0, |d| d.as_secs_f64() * 1e6);
+        map(vec![
+            ("count", int(snapshot.count() as i64)),
+            ("p50", Term::from(Float { value: us(0.5) })),
+            ("p99", Term::from(Float { value: us(0.99) })),
+        ])
+    };
+    map(vec![
+        ("run", summary(state.runs.duration.snapshot())),
+        ("queue_wait", summary(state.runs.queue_wait.snapshot())),
+        ("compile", summary(state.compile_time.snapshot())),
+        ("callback", summary(state.dispatcher.stats().round_trip)),
+    ])
+}
+
+/// Error replies sent, per kind.
+fn request_errors(state: &State) -> Term {
+    map(state
+        .errors
+        .counts()
+        .iter()
+        .map(|&(kind, n)| (kind.as_str(), int(n as i64)))
+        .collect())
+}
+
+/// Bytes and messages through the distribution connections.
+fn traffic() -> Term {
+    let t = traffic::totals();
+    map(vec![
+        ("received_bytes", int(t.received_bytes as i64)),
+        ("sent_bytes", int(t.sent_bytes as i64)),
+        ("received_messages", int(t.received_messages as i64)),
+        ("sent_messages", int(t.sent_messages as i64)),
+    ])
 }
 
 /// One loaded kernel.

@@ -61,7 +61,7 @@ impl LoadKernelRequest {
     pub fn apply(self, state: &Arc<State>, from: From) {
         let library = match allowed_path(&state.kernels.dirs, &self.path) {
             Ok(library) => library,
-            Err(e) => return state.reply(&from, e.to_reply()),
+            Err(e) => return state.reply_error(&from, &e),
         };
         let spec = KernelSpec {
             version_shim: self
@@ -76,11 +76,10 @@ impl LoadKernelRequest {
             if let Ok(Loaded::New(k)) = &result {
                 tracing::info!(target = %k.target, library = %k.library.display(), symbol = %k.symbol, shimmed = k.shimmed, "kernel loaded at run time");
             }
-            let reply = match result {
-                Ok(_) => atom("ok"),
-                Err(e) => RequestError::Kernel(e.to_string()).to_reply(),
-            };
-            state.reply(&from, reply);
+            match result {
+                Ok(_) => state.reply(&from, atom("ok")),
+                Err(e) => state.reply_error(&from, &RequestError::Kernel(e.to_string())),
+            }
         });
     }
 }

@@ -10,7 +10,8 @@
 //!
 //! Files: `state` (what the server holds), `request` (the requests as a type, and which file
 //! answers each), one file per request family (`compile`, `run`, `buffers`, `load_kernel`,
-//! `info`, `echo`), `parse` and `error` (reading requests, error replies), `resources`
+//! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
+//! (reading requests, error replies), `resources`
 //! (executables and buffers and their owners), `schedule` and `watchdog`, `kernels` (the
 //! operator's kernel settings), `plugin` (finding the PJRT plugin), `net_kernel`.
 
@@ -21,6 +22,7 @@ mod error;
 mod info;
 pub mod kernels;
 mod load_kernel;
+mod metrics;
 mod net_kernel;
 mod parse;
 mod plugin;
@@ -58,6 +60,14 @@ pub struct ServerConfig {
 /// Keeps the standing processes alive; dropping it stops them.
 pub struct ServerHandle {
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    state: Arc<State>,
+}
+
+impl ServerHandle {
+    /// Renders the server's figures in the Prometheus text format, for the metrics endpoint.
+    pub fn metrics(&self) -> crate::metrics::endpoint::Render {
+        metrics::render(self.state.clone())
+    }
 }
 
 impl Drop for ServerHandle {
@@ -101,16 +111,20 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         scheduler,
         resources: Default::default(),
         runs: Default::default(),
+        compile_time: Default::default(),
+        errors: Default::default(),
         plugin: config.plugin,
         queue_timeout: config.queue_timeout,
         kernels: config.kernels,
     };
+    let state = Arc::new(state);
     Ok(ServerHandle {
         tasks: vec![
             tokio::spawn(net_kernel::serve(net_kernel)),
-            tokio::spawn(serve(xla, Arc::new(state))),
+            tokio::spawn(serve(xla, state.clone())),
             heartbeat,
         ],
+        state,
     })
 }
 
@@ -121,7 +135,7 @@ async fn serve(mut process: Process, state: Arc<State>) {
             Signal::Message(message) => match gen::parse_call(message) {
                 Ok((from, request)) => match Request::parse(request) {
                     Ok(request) => request.apply(&state, from),
-                    Err(e) => state.reply(&from, e.to_reply()),
+                    Err(e) => state.reply_error(&from, &e),
                 },
                 Err(other) => tracing::debug!("xla: ignoring message {other}"),
             },

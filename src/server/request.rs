@@ -99,7 +99,10 @@ impl Request {
             Request::Echo(term) => term,
             Request::SpawnEcho => ok(echo::spawn(&state.node)),
             Request::Info => ok(info::info(state)),
-            Request::Free(reference) => buffers::free(state, &reference),
+            Request::Free(reference) => match buffers::free(state, &reference) {
+                Ok(reply) => reply,
+                Err(e) => return state.reply_error(&from, &e),
+            },
             Request::Compile(compile) => return compile.apply(state, from),
             Request::Run(run) => return run.apply(state, from),
             Request::ToDevice(tensor) => return buffers::to_device(state, from, tensor),

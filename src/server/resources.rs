@@ -43,10 +43,50 @@ impl Program {
 #[derive(Default)]
 struct Tables {
     resources: HashMap<Key, (Resource, Pid)>,
+    /// What `resources` holds, kept as it changes so that reading it costs nothing.
+    held: Held,
     /// Per owner: its monitor and what it owns.
     owners: HashMap<Pid, (Reference, HashSet<Key>)>,
     /// Monitor reference -> owner.
     monitors: HashMap<Key, Pid>,
+}
+
+/// Executables and buffers held for clients, and the buffers' bytes on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub executables: usize,
+    pub buffers: usize,
+    pub buffer_bytes: u64,
+}
+
+impl Held {
+    fn add(&mut self, resource: &Resource) {
+        match resource {
+            Resource::Executable(_) => self.executables += 1,
+            Resource::Buffer(b) => {
+                self.buffers += 1;
+                self.buffer_bytes += b.byte_size() as u64;
+            }
+        }
+    }
+
+    fn remove(&mut self, resource: &Resource) {
+        match resource {
+            Resource::Executable(_) => self.executables -= 1,
+            Resource::Buffer(b) => {
+                self.buffers -= 1;
+                self.buffer_bytes -= b.byte_size() as u64;
+            }
+        }
+    }
+}
+
+impl Tables {
+    fn take(&mut self, key: &Key) -> Option<(Resource, Pid)> {
+        let taken = self.resources.remove(key)?;
+        self.held.remove(&taken.0);
+        Some(taken)
+    }
 }
 
 #[derive(Default)]
@@ -70,7 +110,10 @@ impl Resources {
     pub fn insert(&self, reference: &Reference, resource: Resource, owner: &Pid) -> Owner {
         let mut t = self.lock();
         let key = ref_key(reference);
-        t.resources.insert(key.clone(), (resource, owner.clone()));
+        t.held.add(&resource);
+        if let Some((replaced, _)) = t.resources.insert(key.clone(), (resource, owner.clone())) {
+            t.held.remove(&replaced);
+        }
         match t.owners.get_mut(owner) {
             Some((_, owned)) => {
                 owned.insert(key);
@@ -105,7 +148,7 @@ impl Resources {
     pub fn free(&self, reference: &Reference) -> Option<Resource> {
         let mut t = self.lock();
         let key = ref_key(reference);
-        let (resource, owner) = t.resources.remove(&key)?;
+        let (resource, owner) = t.take(&key)?;
         if let Some((_, owned)) = t.owners.get_mut(&owner) {
             owned.remove(&key);
         }
@@ -124,18 +167,12 @@ impl Resources {
         };
         owned
             .iter()
-            .filter_map(|key| t.resources.remove(key).map(|(r, _)| r))
+            .filter_map(|key| t.take(key).map(|(r, _)| r))
             .collect()
     }
 
-    /// (executables, buffers) currently held.
-    pub fn counts(&self) -> (usize, usize) {
-        let t = self.lock();
-        let executables = t
-            .resources
-            .values()
-            .filter(|(r, _)| matches!(r, Resource::Executable(_)))
-            .count();
-        (executables, t.resources.len() - executables)
+    /// What is held now.
+    pub fn held(&self) -> Held {
+        self.lock().held
     }
 }

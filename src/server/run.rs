@@ -24,7 +24,7 @@ use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Argument, DType, Executable, HostTensor, Job, Run, XlaError};
 use eetf::{Reference, Term};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `{:run, exe, args, opts}`, parsed.
 #[derive(Debug)]
@@ -65,12 +65,13 @@ impl RunRequest {
     /// Looks up what the request names, checks the arguments, and hands the run to the
     /// scheduler.
     pub fn apply(self, state: &Arc<State>, from: From) {
+        let received = Instant::now();
         let RunRequest { exe, args, options } = self;
         let found =
             executable(state, &exe).and_then(|program| Ok((program, arguments(state, args)?)));
         let (program, given) = match found {
             Ok(found) => found,
-            Err(e) => return state.reply(&from, e.to_reply()),
+            Err(e) => return state.reply_error(&from, &e),
         };
         // Checked before the run takes a place: wrong arguments never wait in the queue.
         let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
@@ -83,12 +84,14 @@ impl RunRequest {
         let queue_timeout = options.queue_timeout.unwrap_or(state.queue_timeout);
         let timed_out: TimedOut = {
             let (state, from) = (state.clone(), from.clone());
-            Box::new(move |text| state.reply(&from, RequestError::Timeout(text).to_reply()))
+            Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
         let job: Job = {
             let state = state.clone();
             Box::new(move || {
+                let started = state.runs.started(received);
                 let results = execute(&state, &program, &run, handle, &options, &from);
+                state.runs.executed(started);
                 reply(&state, &from, results);
             })
         };

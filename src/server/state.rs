@@ -6,11 +6,12 @@
 //! requests; each part is immutable or synchronized on its own. Its methods are what every
 //! request family needs: replying, registering and looking up resources, releasing them.
 
-use super::error::RequestError;
+use super::error::{ErrorTally, RequestError};
 use super::kernels::KernelPolicy;
 use super::resources::{Owner, Resource, Resources};
 use super::schedule::Scheduler;
 use crate::dispatch::Dispatcher;
+use crate::metrics::Histogram;
 use crate::node::gen::{self, From};
 use crate::node::term::ok;
 use crate::node::{Dest, Node};
@@ -19,7 +20,7 @@ use eetf::{Pid, Reference, Term};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct State {
     pub node: Node,
@@ -30,6 +31,10 @@ pub struct State {
     pub scheduler: Arc<Scheduler>,
     pub resources: Resources,
     pub runs: RunTally,
+    /// How long each compile request took on its executor thread (cache hits included).
+    pub compile_time: Histogram,
+    /// Error replies sent, by kind.
+    pub errors: ErrorTally,
     /// The PJRT plugin's path, for `:info`.
     pub plugin: PathBuf,
     /// How long a run may wait for a place unless it says otherwise (`None`: no limit).
@@ -44,9 +49,18 @@ impl State {
         gen::reply_from(&self.node, &self.server, from, reply);
     }
 
+    /// Replies `{:error, {kind, message}}`, and counts it: every error reply goes through here.
+    pub fn reply_error(&self, from: &From, error: &RequestError) {
+        self.errors.record(error.kind());
+        self.reply(from, error.to_reply());
+    }
+
     /// Replies `{:ok, value}`, or the error.
     pub fn reply_result(&self, from: &From, result: Result<Term, RequestError>) {
-        self.reply(from, result.map_or_else(|e| e.to_reply(), ok));
+        match result {
+            Ok(value) => self.reply(from, ok(value)),
+            Err(e) => self.reply_error(from, &e),
+        }
     }
 
     /// Stores a new resource for `owner` and returns the reference that names it.
@@ -94,26 +108,45 @@ impl State {
     }
 }
 
-/// Runs answered, and how many of them failed: `:info`'s `runs` and `run_errors`.
+/// Runs answered, by outcome, and how long they waited and took: `:info`'s `runs`,
+/// `run_errors` and `latency_us`, and `/metrics`' `xla_node_runs_total` (queue timeouts are the
+/// scheduler's count) and run histograms.
 #[derive(Debug, Default)]
 pub struct RunTally {
-    answered: AtomicU64,
+    succeeded: AtomicU64,
     failed: AtomicU64,
+    /// From the request's arrival to the run's start on an executor thread.
+    pub queue_wait: Histogram,
+    /// From the run's start to its results in hand (their copy to the host included).
+    pub duration: Histogram,
 }
 
 impl RunTally {
     pub fn record(&self, failed: bool) {
-        self.answered.fetch_add(1, Ordering::Relaxed);
-        if failed {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = if failed {
+            &self.failed
+        } else {
+            &self.succeeded
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A run that arrived at `received` starts now: records its wait, returns its start.
+    pub fn started(&self, received: Instant) -> Instant {
+        let now = Instant::now();
+        self.queue_wait
+            .record(now.saturating_duration_since(received));
+        now
+    }
+
+    /// A run that started at `started` has its results.
+    pub fn executed(&self, started: Instant) {
+        self.duration.record(started.elapsed());
     }
 
     /// (runs answered, of which failed).
     pub fn counts(&self) -> (u64, u64) {
-        (
-            self.answered.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
+        let failed = self.failed.load(Ordering::Relaxed);
+        (self.succeeded.load(Ordering::Relaxed) + failed, failed)
     }
 }

@@ -11,6 +11,10 @@
 //! layouts, use `PJRT_Buffer_ToHostBuffer`. The same direct access lets an
 //! executable refill its small CPU input buffers from run to run
 //! ([`Buffer::overwrite`]) instead of creating new ones.
+//!
+//! Host data is packed as Nx packs it. For 2- and 4-bit elements that is not what PJRT's host
+//! buffers hold (one element per byte), so their copies convert on the way (see
+//! [`super::packing`]) and always go through PJRT, never through device memory directly.
 
 #![allow(unsafe_code)]
 
@@ -22,6 +26,7 @@ use std::sync::OnceLock;
 use super::client::{slice_or_empty, Client};
 use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
+use super::packing;
 use super::sys::*;
 use super::tensor::HostTensor;
 
@@ -67,9 +72,9 @@ impl Drop for Buffer {
 }
 
 impl Client {
-    /// Copies a dense row-major host array to device 0.
+    /// Copies a dense row-major host array, packed as Nx packs it, to device 0.
     ///
-    /// `data.len()` must equal `product(dims) * dtype.byte_size()`. The data
+    /// `data.len()` must equal the spec's [`TensorSpec::byte_size`]. The data
     /// is copied before this returns; the slice may be freed afterwards.
     pub fn buffer_from_host(
         &self,
@@ -90,6 +95,7 @@ impl Client {
                 data.len()
             )));
         }
+        let data = packing::to_host_buffer(dtype, spec.element_count(), data);
         let inner = self.inner();
         let api = inner.api();
         // A non-null pointer even for empty arrays.
@@ -108,7 +114,8 @@ impl Client {
         a.host_buffer_semantics = PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
         a.device = inner.addressable[0];
         // SAFETY: matching args; `data` holds exactly the bytes described by
-        // dtype/dims (checked above) and stays borrowed until the
+        // dtype/dims (checked above, one byte per element for 2- and 4-bit
+        // types) and stays borrowed until the
         // done_with_host_buffer event, awaited below, has fired.
         unsafe { api.call(api.fns().PJRT_Client_BufferFromHostBuffer, &mut a) }
             .map_err(XlaError::Runtime)?;
@@ -167,7 +174,7 @@ impl Buffer {
         &self.spec
     }
 
-    /// Dense size in bytes.
+    /// Size in bytes, packed as Nx packs it.
     pub fn byte_size(&self) -> usize {
         self.spec.byte_size()
     }
@@ -202,12 +209,16 @@ impl Buffer {
         ))
     }
 
-    /// Copies the buffer to a dense row-major host array.
+    /// Copies the buffer to a dense row-major host array, packed as Nx packs it.
     pub fn to_host(&self) -> Result<Vec<u8>, XlaError> {
         self.await_ready()?;
         let size = self.byte_size();
         if size == 0 {
             return Ok(Vec::new());
+        }
+        if self.dtype().is_sub_byte() {
+            let host = self.to_host_via_pjrt(self.spec.element_count())?;
+            return Ok(packing::from_host_buffer(self.dtype(), host));
         }
         if let Some(memory) = self.host_memory() {
             let mut v = vec![0u8; size];
@@ -269,8 +280,11 @@ impl Buffer {
 
     /// Whether the memory is laid out as the dense row-major array itself:
     /// dense row-major layout, and an on-device size equal to the dense size.
+    /// Never for 2- and 4-bit elements, which XLA packs in another order than Nx.
     pub(crate) fn is_direct(&self) -> bool {
-        self.is_dense_row_major() && self.on_device_size() == Some(self.byte_size())
+        !self.dtype().is_sub_byte()
+            && self.is_dense_row_major()
+            && self.on_device_size() == Some(self.byte_size())
     }
 
     fn on_device_size(&self) -> Option<usize> {
@@ -314,6 +328,8 @@ impl Buffer {
         }
     }
 
+    /// `PJRT_Buffer_ToHostBuffer` into `size` bytes: the dense size, with one
+    /// byte per element for 2- and 4-bit types.
     fn to_host_via_pjrt(&self, size: usize) -> Result<Vec<u8>, XlaError> {
         let api = self.client.inner().api();
         let mut v = vec![0u8; size];

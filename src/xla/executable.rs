@@ -26,6 +26,8 @@ use super::buffer::Buffer;
 use super::client::{slice_or_empty, str_from, Client};
 use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
+use super::known_faults;
+use super::proto::sub_message;
 use super::signature;
 use super::sys::*;
 use super::tensor::HostTensor;
@@ -148,6 +150,9 @@ impl Client {
         options: &CompileOptions,
     ) -> Result<Executable, XlaError> {
         let text = check_program(program)?;
+        if let Some(text) = text {
+            known_faults::check_text(text).map_err(XlaError::Compile)?;
+        }
         let inner = self.inner();
         let api = inner.api();
         let opts = options.to_proto();
@@ -180,9 +185,26 @@ impl Client {
             staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
-        exe.parameters = match text.and_then(signature::mlir_main_parameters) {
+        let text_parameters = text.and_then(signature::mlir_main_parameters);
+        // XLA's own program is read only where needed: for parameters the text does not tell,
+        // and for faults that only it shows (see `known_faults`).
+        let hlo = if text_parameters.is_none() || text.is_some_and(known_faults::mentions_two_bit) {
+            let hlo = exe.optimized_module()?;
+            known_faults::check_hlo(&hlo).map_err(XlaError::Compile)?;
+            Some(hlo)
+        } else {
+            None
+        };
+        exe.parameters = match text_parameters {
             Some(p) => p,
-            None => exe.hlo_parameters()?,
+            None => hlo
+                .as_deref()
+                .and_then(signature::hlo_parameters)
+                .ok_or_else(|| {
+                    XlaError::Compile(
+                        "cannot determine parameter types (unsupported parameter type?)".into(),
+                    )
+                })?,
         };
         exe.non_donatable = (0..exe.parameters.len() as i64).collect();
         Ok(exe)
@@ -299,9 +321,10 @@ impl Executable {
         Ok(out)
     }
 
-    /// Parameter types decoded from the optimized HLO module (works for text
-    /// and bytecode programs; used when the MLIR text cannot be parsed).
-    fn hlo_parameters(&self) -> Result<Vec<TensorSpec>, XlaError> {
+    /// The optimized program XLA compiled (a serialized `HloModuleProto`): what the
+    /// parameter types are read from when the MLIR text does not tell them (bytecode), and what
+    /// [`known_faults::check_hlo`] reads.
+    fn optimized_module(&self) -> Result<Vec<u8>, XlaError> {
         let api = self.client.inner().api();
         let view = self.view()?;
         let mut prog = PJRT_Program::new();
@@ -320,10 +343,14 @@ impl Executable {
         // SAFETY: the format string is owned by the implementation and valid
         // while the executable is alive.
         let format = unsafe { str_from(prog.format, prog.format_size) };
-        let with_config = format != "hlo";
-        signature::hlo_parameters(&code[..prog.code_size.min(code.len())], with_config).ok_or_else(|| {
+        code.truncate(prog.code_size);
+        if format == "hlo" {
+            return Ok(code);
+        }
+        // `hlo_with_config`: HloModuleProtoWithConfig.hlo_module = 1.
+        sub_message(&code, 1).map(<[u8]>::to_vec).ok_or_else(|| {
             XlaError::Compile(format!(
-                "cannot determine parameter types (optimized program format {format:?}, unsupported parameter type?)"
+                "cannot read the optimized program (format {format:?})"
             ))
         })
     }

@@ -63,6 +63,8 @@ pub struct ExecutorStats {
     pub compiles: u64,
     /// Compile requests served from the cache.
     pub cache_hits: u64,
+    /// Compiles that failed.
+    pub compile_errors: u64,
     /// Executables in the cache.
     pub cached: usize,
     /// Worker threads alive.
@@ -78,6 +80,7 @@ struct Inner {
     cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
     compiles: AtomicU64,
     cache_hits: AtomicU64,
+    compile_errors: AtomicU64,
     pool: Arc<Pool>,
 }
 
@@ -110,6 +113,7 @@ impl Executor {
                 cache: Mutex::new(HashMap::new()),
                 compiles: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
+                compile_errors: AtomicU64::new(0),
                 pool: Pool::new(PoolConfig::default()),
             }),
         }
@@ -135,8 +139,13 @@ impl Executor {
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((exe.clone(), true));
         }
-        let exe = Arc::new(self.inner.client.compile_with_options(&program, &options)?);
-        self.inner.compiles.fetch_add(1, Ordering::Relaxed);
+        let compiled = self.inner.client.compile_with_options(&program, &options);
+        let counter = match compiled {
+            Ok(_) => &self.inner.compiles,
+            Err(_) => &self.inner.compile_errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let exe = Arc::new(compiled?);
         let mut cache = self.lock_cache();
         let exe = cache.entry(key).or_insert(exe).clone();
         Ok((exe, false))
@@ -157,6 +166,7 @@ impl Executor {
         ExecutorStats {
             compiles: self.inner.compiles.load(Ordering::Relaxed),
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
+            compile_errors: self.inner.compile_errors.load(Ordering::Relaxed),
             cached: self.lock_cache().len(),
             workers,
             queued,

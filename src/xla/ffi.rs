@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::client::Client;
 use super::dtype::{element_count, DType};
 use super::error::XlaError;
+use super::packing;
 use super::sys::*;
 
 /// A host handler: reads arguments, writes results, or fails with a message.
@@ -348,8 +349,21 @@ pub struct TensorRef<'a> {
     /// Raw `XLA_FFI_DataType` value.
     pub xla_type: u32,
     pub dims: Vec<i64>,
-    /// Dense row-major bytes (empty for unsupported element types).
+    /// Dense row-major bytes as XLA holds them in device memory (empty for unsupported
+    /// element types): packed for 2- and 4-bit elements, in another order than Nx's.
     pub data: &'a [u8],
+}
+
+impl TensorRef<'_> {
+    /// The operand's bytes packed as Nx packs them: `data` itself but for 2- and 4-bit
+    /// elements, whose order within each byte differs in XLA's device memory.
+    pub fn to_nx_bytes(&self) -> Vec<u8> {
+        let mut bytes = self.data.to_vec();
+        if let Some(dtype) = self.dtype {
+            packing::swap_device_order(dtype, &mut bytes);
+        }
+        bytes
+    }
 }
 
 /// A result of a custom call (writable view).
@@ -359,6 +373,17 @@ pub struct TensorMut<'a> {
     pub xla_type: u32,
     pub dims: Vec<i64>,
     pub data: &'a mut [u8],
+}
+
+impl TensorMut<'_> {
+    /// Writes the result from bytes packed as Nx packs them (see [`TensorRef::to_nx_bytes`]);
+    /// `nx` must be exactly `data`'s length.
+    pub fn write_nx_bytes(&mut self, nx: &[u8]) {
+        self.data.copy_from_slice(nx);
+        if let Some(dtype) = self.dtype {
+            packing::swap_device_order(dtype, self.data);
+        }
+    }
 }
 
 /// Safe view of one custom-call invocation.
@@ -380,12 +405,15 @@ impl RawTensor {
     }
 }
 
-/// Byte size of one element of an `XLA_FFI_DataType`, if it has data.
-fn xla_type_size(t: u32) -> Option<usize> {
+/// Bits of one element of an `XLA_FFI_DataType`, if it has data. Elements narrower than a byte
+/// are packed in device memory (see [`super::packing`]).
+fn xla_type_bits(t: u32) -> Option<usize> {
     match DType::from_xla(t) {
-        Some(d) => Some(d.byte_size()),
-        // FP8 variants.
-        None if matches!(t, 19 | 20 | 23 | 24 | 25 | 28 | 29) => Some(1),
+        Some(d) => Some(d.bits() as usize),
+        // FP8 variants without an Nx equivalent.
+        None if matches!(t, 23 | 24 | 25 | 28 | 29 | 33) => Some(8),
+        // F4E2M1FN.
+        None if t == 32 => Some(4),
         None => None,
     }
 }
@@ -413,8 +441,8 @@ impl CallFrame<'_> {
             } else {
                 std::slice::from_raw_parts(b.dims, rank).to_vec()
             };
-            let len = match xla_type_size(b.dtype) {
-                Some(sz) if !b.data.is_null() => element_count(&dims) * sz,
+            let len = match xla_type_bits(b.dtype) {
+                Some(bits) if !b.data.is_null() => (element_count(&dims) * bits).div_ceil(8),
                 _ => 0,
             };
             Some(RawTensor {

@@ -4,7 +4,9 @@
 //! bindings (`sys`) and the thin safe wrappers around them (`client`,
 //! `buffer`, `executable`, `ffi`, `kernel`). The rest is safe code on top:
 //! `run` (the one way to execute a program: its arguments checked first),
-//! `executor` (compile cache, worker pool), `tensor`, `dtype`, `signature`.
+//! `executor` (compile cache, worker pool), `tensor`, `dtype`, `packing` (how
+//! 2- and 4-bit elements are laid out), `signature`, `proto` (the protobuf reader it uses),
+//! `known_faults` (programs refused because XLA's CPU backend mishandles them).
 //! The compiler enforces it: the crate denies `unsafe_code` and only the files
 //! with unsafe code allow it.
 
@@ -16,6 +18,9 @@ mod executable;
 mod executor;
 pub mod ffi;
 mod kernel;
+mod known_faults;
+pub mod packing;
+mod proto;
 mod run;
 mod signature;
 mod sys;

@@ -10,10 +10,11 @@
 //!    optimized program is fetched with `PJRT_Executable_OptimizedProgram`
 //!    (a serialized `HloModuleProtoWithConfig`) and the entry computation's
 //!    `host_program_shape.parameters` are decoded with the minimal protobuf
-//!    reader below (field numbers from `xla/service/hlo.proto` and
+//!    reader of `proto.rs` (field numbers from `xla/service/hlo.proto` and
 //!    `xla/xla_data.proto`).
 
 use super::dtype::{DType, TensorSpec};
+use super::proto::{sub_message, Field, Reader};
 
 /// Parses the parameter types of `@main` from MLIR text.
 /// Returns `None` if the text has no recognisable `@main` signature or uses a
@@ -146,88 +147,6 @@ pub fn parse_tensor_type(ty: &str) -> Option<TensorSpec> {
     Some(TensorSpec::new(dtype, dims))
 }
 
-// ------------------------- minimal protobuf reader ---------------------------
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-enum Field<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Other,
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
-    }
-
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.buf.get(self.pos)?;
-            self.pos += 1;
-            v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    /// Next (field number, value); `None` at end, `Some(Err)` on garbage.
-    fn next(&mut self) -> Option<Result<(u64, Field<'a>), ()>> {
-        if self.pos >= self.buf.len() {
-            return None;
-        }
-        let key = match self.varint() {
-            Some(k) => k,
-            None => return Some(Err(())),
-        };
-        let field = key >> 3;
-        let r = match key & 7 {
-            0 => self.varint().map(Field::Varint),
-            1 => self.skip(8),
-            2 => self.varint().and_then(|len| {
-                let len = usize::try_from(len).ok()?;
-                let end = self.pos.checked_add(len)?;
-                let s = self.buf.get(self.pos..end)?;
-                self.pos = end;
-                Some(Field::Bytes(s))
-            }),
-            5 => self.skip(4),
-            _ => None,
-        };
-        Some(r.map(|f| (field, f)).ok_or(()))
-    }
-
-    fn skip(&mut self, n: usize) -> Option<Field<'a>> {
-        let end = self.pos.checked_add(n)?;
-        if end > self.buf.len() {
-            return None;
-        }
-        self.pos = end;
-        Some(Field::Other)
-    }
-}
-
-/// Returns the first length-delimited field `num` of a message.
-fn sub_message(msg: &[u8], num: u64) -> Option<&[u8]> {
-    let mut r = Reader::new(msg);
-    while let Some(f) = r.next() {
-        if let Ok((n, Field::Bytes(b))) = f {
-            if n == num {
-                return Some(b);
-            }
-        } else if f.is_err() {
-            return None;
-        }
-    }
-    None
-}
-
 /// Decodes an `xla.ShapeProto` holding an array (not a tuple).
 fn decode_array_shape(msg: &[u8]) -> Option<TensorSpec> {
     let mut r = Reader::new(msg);
@@ -240,7 +159,7 @@ fn decode_array_shape(msg: &[u8]) -> Option<TensorSpec> {
             (3, Field::Varint(v)) => dims.push(v as i64),
             (3, Field::Bytes(b)) => {
                 let mut pr = Reader::new(b);
-                while pr.pos < b.len() {
+                while !pr.at_end() {
                     dims.push(pr.varint()? as i64);
                 }
             }
@@ -251,14 +170,8 @@ fn decode_array_shape(msg: &[u8]) -> Option<TensorSpec> {
     Some(TensorSpec::new(dtype, dims))
 }
 
-/// Parameter types from a serialized `HloModuleProtoWithConfig` (`with_config`)
-/// or `HloModuleProto`.
-pub fn hlo_parameters(proto: &[u8], with_config: bool) -> Option<Vec<TensorSpec>> {
-    let module = if with_config {
-        sub_message(proto, 1)?
-    } else {
-        proto
-    };
+/// Parameter types from a serialized `HloModuleProto`.
+pub fn hlo_parameters(module: &[u8]) -> Option<Vec<TensorSpec>> {
     // HloModuleProto.host_program_shape = 4; ProgramShapeProto.parameters = 1.
     let program_shape = sub_message(module, 4)?;
     let mut r = Reader::new(program_shape);
@@ -311,7 +224,7 @@ mod tests {
         let mut module = vec![0x22, ps.len() as u8];
         module.extend_from_slice(&ps);
         assert_eq!(
-            hlo_parameters(&module, false).unwrap(),
+            hlo_parameters(&module).unwrap(),
             vec![TensorSpec::new(DType::F32, vec![2, 3])]
         );
     }

@@ -25,7 +25,8 @@ defmodule XlaNode.CallbackServer do
   A callback returns
 
     * `{:ok, results}` - one entry per result of the custom call, each a binary of exactly the
-      result's byte size, or a tensor (`{binary, {type, dims}}`, whose binary is sent)
+      result's size (for 2- and 4-bit types a bitstring of `size * bits` bits, as
+      `Nx.to_binary/1` gives it), or a tensor (`{binary, {type, dims}}`, whose binary is sent)
     * `{:error, {kind, message}}` - `kind` an atom, `message` a binary (other terms are
       inspected); the run then fails with that error
 
@@ -35,6 +36,9 @@ defmodule XlaNode.CallbackServer do
   `{:error, {:runtime_error, "Elixir callback threw: ..."}}` / `"... exited: ..."`. An id with
   no callback is answered with `{:error, {:unknown_callback, "no callback registered for id
   ..."}}`.
+
+  Each callback run is a `[:xla_node, :callback]` `:telemetry` span when the application has
+  `:telemetry` (see `XlaNode.Telemetry`).
 
   ## Options
 
@@ -226,7 +230,11 @@ defmodule XlaNode.CallbackServer do
   def handle_info({:exla_runtime_call, id, args, reply_to}, state) do
     case lookup(state.callbacks, id) do
       {:ok, fun} ->
-        {_pid, monitor} = spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args)) end)
+        metadata = %{node: caller_node(reply_to), callback_server: self(), callback_id: id}
+
+        {_pid, monitor} =
+          spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args, metadata)) end)
+
         {:noreply, put_in(state.tasks[monitor], reply_to)}
 
       :error ->
@@ -281,8 +289,13 @@ defmodule XlaNode.CallbackServer do
     end
   end
 
-  defp run_callback(fun, id, args) do
-    fun.(id, args) |> normalize_result()
+  # Inside a [:xla_node, :callback] telemetry span; an exception is reported by the span, then
+  # answered here.
+  defp run_callback(fun, id, args, metadata) do
+    XlaNode.Telemetry.span(:callback, metadata, fn ->
+      result = fun.(id, args) |> normalize_result()
+      {result, XlaNode.Telemetry.stop_metadata(metadata, result)}
+    end)
   rescue
     exception ->
       {:error,
@@ -294,7 +307,7 @@ defmodule XlaNode.CallbackServer do
   end
 
   defp normalize_result({:ok, results} = result) when is_list(results) do
-    if Enum.all?(results, &(is_binary(&1) or tensor?(&1))) do
+    if Enum.all?(results, &(is_bitstring(&1) or tensor?(&1))) do
       {:ok, Enum.map(results, &to_binary/1)}
     else
       invalid(result)
@@ -319,11 +332,11 @@ defmodule XlaNode.CallbackServer do
         "got: #{inspect(other, limit: 20, printable_limit: 100)}"}}
   end
 
-  defp tensor?({bin, {_type, dims}}) when is_binary(bin) and is_list(dims), do: true
+  defp tensor?({bin, {_type, dims}}) when is_bitstring(bin) and is_list(dims), do: true
   defp tensor?(_), do: false
 
-  defp to_binary(bin) when is_binary(bin), do: bin
-  defp to_binary({bin, {_type, _dims}}) when is_binary(bin), do: bin
+  defp to_binary(bin) when is_bitstring(bin), do: bin
+  defp to_binary({bin, {_type, _dims}}) when is_bitstring(bin), do: bin
 
   defp to_binary(other),
     do: raise(ArgumentError, "expected a binary or a tensor, got #{inspect(other)}")
@@ -340,19 +353,21 @@ defmodule XlaNode.CallbackServer do
   end
 
   defp check_infeed(out_spec, values) when is_list(out_spec) do
-    expected =
-      Enum.map(out_spec, fn {type, dims} ->
-        Tensor.element_size(type) * Enum.reduce(dims, 1, &(&1 * &2))
-      end)
+    expected = Enum.map(out_spec, fn {type, dims} -> Tensor.bit_size(type, dims) end)
+    given = Enum.map(values, &bit_size/1)
 
-    given = Enum.map(values, &byte_size/1)
+    # Sizes in bytes, unless a value is not a whole number of them (2- and 4-bit types).
+    {unit, scale} =
+      if Enum.all?(expected ++ given, &(rem(&1, 8) == 0)), do: {"bytes", 8}, else: {"bits", 1}
+
+    sizes = fn sizes -> inspect(Enum.map(sizes, &div(&1, scale)), charlists: :as_lists) end
 
     if expected == given,
       do: :ok,
       else:
         {:error,
-         "infeed expects #{length(expected)} value(s) of #{inspect(expected, charlists: :as_lists)} bytes " <>
-           "(#{inspect(out_spec)}), got #{length(given)} of #{inspect(given, charlists: :as_lists)} bytes"}
+         "infeed expects #{length(expected)} value(s) of #{sizes.(expected)} #{unit} " <>
+           "(#{inspect(out_spec)}), got #{length(given)} of #{sizes.(given)} #{unit}"}
   rescue
     # A type this library does not know: let the node check the sizes.
     _ -> :ok
@@ -365,6 +380,9 @@ defmodule XlaNode.CallbackServer do
   defp reply(tag, reply) do
     Logger.error("#{inspect(__MODULE__)} cannot reply #{inspect(reply)} to tag #{inspect(tag)}")
   end
+
+  defp caller_node({pid, _ref}) when is_pid(pid), do: node(pid)
+  defp caller_node(_tag), do: nil
 
   defp deliver_outfeed(nil, _args), do: :ok
 

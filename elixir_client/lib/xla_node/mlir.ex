@@ -5,7 +5,8 @@ defmodule XlaNode.MLIR do
   `XlaNode.compile/3`.
 
   Types are the client's `{type, dims}` (see `XlaNode.Tensor`): `{{:f, 32}, [2, 3]}` is
-  `tensor<2x3xf32>`. A mismatch raises `ArgumentError` naming the op, the operands' types and
+  `tensor<2x3xf32>`, `{{:u, 4}, [8]}` is `tensor<8xui4>`, `{{:f, 8}, []}` (E5M2) is
+  `tensor<f8E5M2>` and `{{:f8_e4m3fn, 8}, []}` is `tensor<f8E4M3FN>`. A mismatch raises `ArgumentError` naming the op, the operands' types and
   what was expected, before anything reaches a node. Ops that take options (a keyword list,
   documented with each) check them the same way: an unknown option, or a value of the wrong kind,
   raises `ArgumentError` naming it and listing the valid ones. The same program always gives the
@@ -68,6 +69,15 @@ defmodule XlaNode.MLIR do
   has a `callback_server:` (see `XlaNode.run/4`), and the callback id may be any term.
   `io_call/3` is the side-effect form; `outfeed/2` and `infeed/2` stream values to and from a
   process; `custom_call/4` calls any registered FFI target (a native kernel).
+
+  ## Types XLA's CPU backend does not take everywhere
+
+  StableHLO allows every op on the 2- and 4-bit integers and the 8-bit floats that it allows on
+  their wider kin, but XLA's CPU backend does not compute them all. These raise here, before a
+  node refuses the program (or XLA fails on it): `concatenate/2` and `sort/4` of 2-bit integers
+  (XLA aborts compiling the one and computes the other wrongly), `dot_general/3` and
+  `convolution/3` of 2-bit integers, and `top_k/2` of 2- and 4-bit integers (XLA has no kernel for
+  them). Convert to `{:s, 8}`/`{:u, 8}` first.
   """
 
   import Kernel, except: [abs: 1, floor: 1, ceil: 1]
@@ -195,11 +205,17 @@ defmodule XlaNode.MLIR do
       "tensor<2x3xbf16>"
       iex> XlaNode.MLIR.type_text({{:pred, 8}, []})
       "tensor<i1>"
+      iex> XlaNode.MLIR.type_text({{:s, 4}, [8]})
+      "tensor<8xi4>"
+      iex> XlaNode.MLIR.type_text({{:f8_e4m3fn, 8}, [2]})
+      "tensor<2xf8E4M3FN>"
   """
   def type_text({type, dims}) do
     "tensor<" <> Enum.map_join(dims, "", &"#{&1}x") <> element_text(type) <> ">"
   end
 
+  defp element_text({:f, 8}), do: "f8E5M2"
+  defp element_text({:f8_e4m3fn, 8}), do: "f8E4M3FN"
   defp element_text({:f, bits}), do: "f#{bits}"
   defp element_text({:bf, 16}), do: "bf16"
   defp element_text({:s, bits}), do: "i#{bits}"
@@ -237,6 +253,7 @@ defmodule XlaNode.MLIR do
       :float
   """
   def category({:f, _}), do: :float
+  def category({:f8_e4m3fn, _}), do: :float
   def category({:bf, _}), do: :float
   def category({:c, _}), do: :complex
   def category({:s, _}), do: :signed
@@ -374,6 +391,15 @@ defmodule XlaNode.MLIR do
   defp i64_array(list), do: "array<i64: #{Enum.join(list, ", ")}>"
   defp i64_list(list), do: "[#{Enum.join(list, ", ")}]"
 
+  # Ops that XLA's CPU backend cannot run on 2-bit integers (see the moduledoc).
+  defp not_two_bit!(op, values, why) do
+    if Enum.any?(values, fn %{type: {elem, _}} -> Tensor.element_bits(elem) == 2 end) do
+      raise ArgumentError,
+            "#{op} of 2-bit integers (#{Enum.map_join(values, ", ", &type_text(&1.type))}): " <>
+              "#{why}; convert them to s8/u8 first"
+    end
+  end
+
   defp mismatch!(op, values, expected) do
     raise ArgumentError,
           "#{op}: got #{Enum.map_join(values, ", ", &type_text(&1.type))}; expected #{expected}"
@@ -412,6 +438,10 @@ defmodule XlaNode.MLIR do
           bools = Enum.map(values, &if(&1 in [true, 1], do: "true", else: "false"))
           if length(bools) == 1, do: hd(bools), else: "[" <> Enum.join(bools, ", ") <> "]"
 
+        {_, bits} when bits < 8 ->
+          # Checked, then written as decimal integers: MLIR's hex form would take a byte each.
+          values |> Tensor.from_list(elem, [length(values)]) |> Tensor.to_flat_list() |> ints()
+
         _ ->
           {bin, _} = Tensor.from_list(values, elem, [length(values)])
           ~s("0x#{Base.encode16(bin)}")
@@ -422,21 +452,26 @@ defmodule XlaNode.MLIR do
     ])
   end
 
-  @doc """
-  A constant from the raw row-major little-endian bytes of a tensor of `type` (a `pred`
-  constant takes one byte, 0 or 1, per element).
-  """
-  def constant_binary(binary, type) when is_binary(binary) do
-    {elem, dims} = check_type!("constant", type)
-    size = Enum.product(dims) * Tensor.element_size(elem)
+  defp ints([value]), do: "#{value}"
+  defp ints(values), do: "[" <> Enum.join(values, ", ") <> "]"
 
-    if byte_size(binary) != size do
+  @doc """
+  A constant from the raw row-major little-endian bytes of a tensor of `type`, as a tensor's
+  binary holds them (see `XlaNode.Tensor`: a `pred` constant takes one byte, 0 or 1, per element;
+  2- and 4-bit elements are packed in a bitstring).
+  """
+  def constant_binary(binary, type) when is_bitstring(binary) do
+    {elem, dims} = check_type!("constant", type)
+    size = Tensor.bit_size(elem, dims)
+
+    if bit_size(binary) != size do
       raise ArgumentError,
-            "constant: #{byte_size(binary)} bytes for #{type_text({elem, dims})} (#{size} bytes)"
+            "constant: #{Tensor.size_text(bit_size(binary), elem)} for " <>
+              "#{type_text({elem, dims})} (#{Tensor.size_text(size, elem)})"
     end
 
-    if elem == {:pred, 8} do
-      constant(:binary.bin_to_list(binary), {elem, dims})
+    if elem == {:pred, 8} or Tensor.element_bits(elem) < 8 do
+      constant(Tensor.to_flat_list({binary, {elem, [Enum.product(dims)]}}), {elem, dims})
     else
       emit1("stablehlo.constant", [], {elem, dims}, [
         ~s(value = dense<"0x#{Base.encode16(binary)}"> : #{type_text({elem, dims})})
@@ -885,6 +920,7 @@ defmodule XlaNode.MLIR do
   @doc "`stablehlo.concatenate` along `dimension`."
   def concatenate([_ | _] = values, dimension) do
     values = Enum.map(values, &value!("stablehlo.concatenate", &1))
+    not_two_bit!("stablehlo.concatenate", values, "XLA's CPU compiler aborts on it")
     [{elem, dims} | _] = Enum.map(values, & &1.type)
     drop = fn d -> List.delete_at(d, dimension) end
 
@@ -951,6 +987,7 @@ defmodule XlaNode.MLIR do
       )
 
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.dot_general", &1))
+    not_two_bit!("stablehlo.dot_general", [lhs, rhs], "XLA's CPU backend has no kernel for it")
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
     {lb, rb} = Keyword.get(opts, :batch, {[], []})
@@ -1035,6 +1072,13 @@ defmodule XlaNode.MLIR do
   def sort(operands, dimension, comparator, opts \\ []) do
     opts = options!(opts, "sort/4", stable: :boolean)
     operands = Enum.map(List.wrap(operands), &value!("stablehlo.sort", &1))
+
+    not_two_bit!(
+      "stablehlo.sort",
+      operands,
+      "XLA's CPU backend sorts them wrongly, writing outside its buffers"
+    )
+
     [{_, dims} | _] = Enum.map(operands, & &1.type)
 
     unless Enum.all?(operands, fn %{type: {_, d}} -> d == dims end) and dimension >= 0 and
@@ -1423,6 +1467,7 @@ defmodule XlaNode.MLIR do
       )
 
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.convolution", &1))
+    not_two_bit!("stablehlo.convolution", [lhs, rhs], "XLA's CPU backend has no kernel for it")
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
     n = length(ldims) - 2
@@ -1620,6 +1665,12 @@ defmodule XlaNode.MLIR do
     x = value!("chlo.top_k", x)
     {elem, dims} = x.type
 
+    if Tensor.element_bits(elem) < 8 do
+      raise ArgumentError,
+            "chlo.top_k: XLA's CPU backend cannot compile it on 2- or 4-bit integers, " <>
+              "got #{type_text(x.type)}; convert to s8/u8 first"
+    end
+
     if dims == [] or k > List.last(dims),
       do: mismatch!("chlo.top_k", [x], "a last dimension of at least #{k}")
 
@@ -1800,7 +1851,9 @@ defmodule XlaNode.MLIR do
     target = check_target!("outfeed", target)
 
     [flag] =
-      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}], has_side_effect: true)
+      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}],
+        has_side_effect: true
+      )
 
     flag
   end

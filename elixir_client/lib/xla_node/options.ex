@@ -17,6 +17,7 @@ defmodule XlaNode.Options do
           | :name
           | :outfeed
           | :list
+          | :map
           | :non_neg_integer
           | :pos_integer
           | :integers
@@ -82,6 +83,7 @@ defmodule XlaNode.Options do
     do: value == nil or valid?(:process, value) or is_function(value, 1)
 
   defp valid?(:list, value), do: is_list(value)
+  defp valid?(:map, value), do: is_map(value)
   defp valid?(:non_neg_integer, value), do: is_integer(value) and value >= 0
   defp valid?(:pos_integer, value), do: is_integer(value) and value > 0
   defp valid?(:integers, value), do: is_list(value) and Enum.all?(value, &is_integer/1)
@@ -128,6 +130,7 @@ defmodule XlaNode.Options do
     do: "a pid, a registered name (an atom), {name, node}, a function of one argument or nil"
 
   defp describe(:list), do: "a list"
+  defp describe(:map), do: "a map"
   defp describe(:non_neg_integer), do: "a non-negative integer"
   defp describe(:pos_integer), do: "a positive integer"
   defp describe(:integers), do: "a list of integers"

@@ -4,18 +4,24 @@ defmodule XlaNode.Tensor do
 
   A tensor is the tuple `{binary, {type, dims}}`:
 
-    * `type` - an Nx-style type: `{:s, 8 | 16 | 32 | 64}`, `{:u, 8 | 16 | 32 | 64}`,
-      `{:f, 16 | 32 | 64}`, `{:bf, 16}`, `{:c, 64 | 128}` or `{:pred, 8}`. Functions here also
-      accept the short atoms `:s32`, `:u8`, `:f16`, `:bf16`, `:c64`, `:pred`, ...
+    * `type` - an Nx type: `{:s, 2 | 4 | 8 | 16 | 32 | 64}`, `{:u, 2 | 4 | 8 | 16 | 32 | 64}`,
+      `{:f, 8 | 16 | 32 | 64}` (`{:f, 8}` is E5M2), `{:f8_e4m3fn, 8}`, `{:bf, 16}`,
+      `{:c, 64 | 128}` or `{:pred, 8}`. Functions here also accept the short atoms `:s32`, `:u4`,
+      `:f8`, `:f8_e4m3fn`, `:bf16`, `:c64`, `:pred`, ...
     * `dims` - a list of non-negative integers (`[]` for a scalar)
-    * `binary` - the elements in row-major order, little-endian
+    * `binary` - the elements in row-major order, little-endian, exactly as `Nx.to_binary/1`
+      gives them. 2- and 4-bit elements are packed without padding, element 0 in the most
+      significant bits (`<<x::4, y::4>>`), so their binary is a bitstring of `size * bits` bits,
+      not always a whole number of bytes: `u4 [1, 2, 3]` is `<<0x12, 0x3::4>>`.
 
   ## Element values
 
     * integers (`:s`, `:u`) - Elixir integers; values out of the type's range raise
-    * floats (`:f`, `:bf`) - floats or integers; `:infinity`, `:neg_infinity` and `:nan` stand for
-      the IEEE special values (read back the same way, like Nx). `f16` and `bf16` are encoded by
-      hand with round-to-nearest-even; values too large for the type become infinities.
+    * floats (`:f`, `:bf`, `:f8_e4m3fn`) - floats or integers; `:infinity`, `:neg_infinity` and
+      `:nan` stand for the IEEE special values (read back the same way, like Nx). `f16`, `bf16`
+      and the 8-bit floats are encoded by hand with round-to-nearest-even, as XLA converts (Nx
+      itself truncates to `f8`); values too large for the type become infinities, except in
+      `f8_e4m3fn`, which has none: there they become ±448, its largest value, as in Nx.
     * complex (`:c`) - `{re, im}` tuples, maps/structs with `:re` and `:im` (such as `Complex`),
       or plain real numbers; read back as `{re, im}` tuples of floats
     * `:pred` - `true`/`false` or `0`/`1`; read back as `0`/`1`, like Nx
@@ -30,15 +36,19 @@ defmodule XlaNode.Tensor do
 
       iex> XlaNode.Tensor.from_list([1.0, 65504.0, 1.0e6], :f16) |> XlaNode.Tensor.to_list()
       [1.0, 65504.0, :infinity]
+
+      iex> XlaNode.Tensor.from_list([1, 2, 3], {:u, 4})
+      {<<0x12, 0x3::4>>, {{:u, 4}, [3]}}
   """
 
   import Bitwise
 
   @typedoc "An Nx-style element type."
   @type type ::
-          {:s, 8 | 16 | 32 | 64}
-          | {:u, 8 | 16 | 32 | 64}
-          | {:f, 16 | 32 | 64}
+          {:s, 2 | 4 | 8 | 16 | 32 | 64}
+          | {:u, 2 | 4 | 8 | 16 | 32 | 64}
+          | {:f, 8 | 16 | 32 | 64}
+          | {:f8_e4m3fn, 8}
           | {:bf, 16}
           | {:c, 64 | 128}
           | {:pred, 8}
@@ -48,7 +58,7 @@ defmodule XlaNode.Tensor do
 
   @type dims :: [non_neg_integer()]
 
-  @type t :: {binary(), {type(), dims()}}
+  @type t :: {bitstring(), {type(), dims()}}
 
   @typedoc "An element value; see the module documentation."
   @type value ::
@@ -64,14 +74,20 @@ defmodule XlaNode.Tensor do
   @f32_max 3.4028234663852886e38
 
   @types [
+    {:s, 2},
+    {:s, 4},
     {:s, 8},
     {:s, 16},
     {:s, 32},
     {:s, 64},
+    {:u, 2},
+    {:u, 4},
     {:u, 8},
     {:u, 16},
     {:u, 32},
     {:u, 64},
+    {:f, 8},
+    {:f8_e4m3fn, 8},
     {:f, 16},
     {:f, 32},
     {:f, 64},
@@ -102,6 +118,7 @@ defmodule XlaNode.Tensor do
   @spec normalize_type(type_input()) :: type()
   def normalize_type(type) when type in @types, do: type
   def normalize_type(:pred), do: {:pred, 8}
+  def normalize_type(:f8_e4m3fn), do: {:f8_e4m3fn, 8}
 
   def normalize_type(type) when is_atom(type) and type != nil do
     case Regex.run(~r/^(s|u|f|bf|c|pred)(\d+)$/, Atom.to_string(type)) do
@@ -113,7 +130,8 @@ defmodule XlaNode.Tensor do
   def normalize_type(type), do: raise(ArgumentError, "unsupported tensor type #{inspect(type)}")
 
   @doc """
-  Bytes per element of a type.
+  Bytes per element of a type. The 2- and 4-bit types take no whole number of bytes and raise
+  `ArgumentError`: see `element_bits/1`.
 
       iex> XlaNode.Tensor.element_size({:c, 64})
       8
@@ -122,8 +140,28 @@ defmodule XlaNode.Tensor do
   """
   @spec element_size(type_input()) :: pos_integer()
   def element_size(type) do
+    case element_bits(type) do
+      bits when bits >= 8 ->
+        div(bits, 8)
+
+      bits ->
+        raise ArgumentError,
+              "#{inspect(normalize_type(type))} elements take #{bits} bits, not whole bytes"
+    end
+  end
+
+  @doc """
+  Bits per element of a type, as the tensor's binary holds them.
+
+      iex> XlaNode.Tensor.element_bits(:u4)
+      4
+      iex> XlaNode.Tensor.element_bits({:pred, 8})
+      8
+  """
+  @spec element_bits(type_input()) :: pos_integer()
+  def element_bits(type) do
     {_, bits} = normalize_type(type)
-    div(bits, 8)
+    bits
   end
 
   @doc """
@@ -185,24 +223,51 @@ defmodule XlaNode.Tensor do
   end
 
   @doc """
-  Wraps a binary in a tensor, checking that its size fits the type and dims.
+  Wraps a binary (a bitstring for 2- and 4-bit types, as `Nx.to_binary/1` gives it) in a
+  tensor, checking that its size fits the type and dims.
 
       iex> XlaNode.Tensor.from_binary(<<1, 0, 2, 0>>, {:s, 16}, [2]) |> XlaNode.Tensor.to_list()
       [1, 2]
+      iex> XlaNode.Tensor.from_binary(<<0x1E, 0x3::4>>, {:s, 4}, [3]) |> XlaNode.Tensor.to_list()
+      [1, -2, 3]
   """
-  @spec from_binary(binary(), type_input(), dims()) :: t()
-  def from_binary(binary, type, dims) when is_binary(binary) and is_list(dims) do
+  @spec from_binary(bitstring(), type_input(), dims()) :: t()
+  def from_binary(binary, type, dims) when is_bitstring(binary) and is_list(dims) do
     type = normalize_type(type)
     check_dims!(dims)
-    expected = element_size(type) * product(dims)
-
-    if byte_size(binary) != expected do
-      raise ArgumentError,
-            "#{byte_size(binary)} bytes given for #{inspect(type)} #{inspect(dims)} " <>
-              "(#{expected} expected)"
-    end
-
+    check_size!(binary, type, dims, "given for")
     {binary, {type, dims}}
+  end
+
+  @doc """
+  The size in bits of the binary of a tensor of `type` and `dims`: `size * bits`, a whole number
+  of bytes but for some tensors of 2- and 4-bit types.
+
+      iex> XlaNode.Tensor.bit_size({:u, 4}, [3])
+      12
+      iex> XlaNode.Tensor.bit_size(:f32, [2, 2])
+      128
+  """
+  @spec bit_size(type_input(), dims()) :: non_neg_integer()
+  def bit_size(type, dims), do: element_bits(type) * product(dims)
+
+  @doc false
+  # A data size for error texts: bits for 2- and 4-bit types and for sizes that are not whole
+  # bytes, bytes otherwise (what the node says too).
+  def size_text(bits, type) do
+    if element_bits(type) < 8 or rem(bits, 8) != 0,
+      do: "#{bits} bits",
+      else: "#{div(bits, 8)} bytes"
+  end
+
+  defp check_size!(binary, type, dims, verb) do
+    expected = bit_size(type, dims)
+
+    if bit_size(binary) != expected do
+      raise ArgumentError,
+            "#{size_text(bit_size(binary), type)} #{verb} #{inspect(type)} #{inspect(dims)} " <>
+              "(#{size_text(expected, type)} expected)"
+    end
   end
 
   @doc """
@@ -230,16 +295,9 @@ defmodule XlaNode.Tensor do
       [1, 2, 3, 4]
   """
   @spec to_flat_list(t()) :: [value()]
-  def to_flat_list({binary, {type, dims}}) when is_binary(binary) do
+  def to_flat_list({binary, {type, dims}}) when is_bitstring(binary) do
     type = normalize_type(type)
-    expected = element_size(type) * product(dims)
-
-    if byte_size(binary) != expected do
-      raise ArgumentError,
-            "tensor has #{byte_size(binary)} bytes, #{inspect(type)} #{inspect(dims)} " <>
-              "needs #{expected}"
-    end
-
+    check_size!(binary, type, dims, "in a tensor of")
     decode(binary, type)
   end
 
@@ -367,6 +425,8 @@ defmodule XlaNode.Tensor do
   defp encode_value(v, {:f, 32}), do: float_bits(v, 8, 23) |> then(&<<&1::little-32>>)
   defp encode_value(v, {:f, 16}), do: float_bits(v, 5, 10) |> then(&<<&1::little-16>>)
   defp encode_value(v, {:bf, 16}), do: float_bits(v, 8, 7) |> then(&<<&1::little-16>>)
+  defp encode_value(v, {:f, 8}), do: <<float_bits(v, 5, 2)::8>>
+  defp encode_value(v, {:f8_e4m3fn, 8}), do: <<e4m3fn_bits(v)::8>>
 
   defp encode_value(v, {:c, bits}) do
     part = {:f, div(bits, 2)}
@@ -385,10 +445,20 @@ defmodule XlaNode.Tensor do
     do:
       raise(ArgumentError, "expected {re, im} or a number for a complex type, got #{inspect(v)}")
 
+  # E4M3FN lays its fields out as an IEEE format with 4 exponent and 3 mantissa bits, but it has
+  # no infinities: the top exponent holds finite values up to 448 (0x7E), and 0x7F is NaN.
+  # Values beyond 448 saturate there, as in Nx.
+  defp e4m3fn_bits(:nan), do: 0x7F
+  defp e4m3fn_bits(:infinity), do: 0x7E
+  defp e4m3fn_bits(:neg_infinity), do: 0xFE
+  defp e4m3fn_bits(v), do: float_bits(v, 4, 3, 0x7E)
+
   # IEEE 754 binary interchange bits of `v` for a format with `e` exponent bits and `m` mantissa
-  # bits, rounding to nearest even. Works from the exact value of the double (or integer).
-  defp float_bits(v, e, m) do
+  # bits, rounding to nearest even; magnitudes round to at most `max` (the infinity's bits unless
+  # given). Works from the exact value of the double (or integer).
+  defp float_bits(v, e, m, max \\ nil) do
     inf = ((1 <<< e) - 1) <<< m
+    max = max || inf
     sign_bit = 1 <<< (e + m)
 
     case v do
@@ -404,7 +474,7 @@ defmodule XlaNode.Tensor do
       v when is_integer(v) ->
         sign = if v < 0, do: sign_bit, else: 0
         # An integer is mantissa `abs(v)` times 2^0.
-        sign ||| round_to_format(abs(v), 0, e, m)
+        sign ||| min(round_to_format(abs(v), 0, e, m), max)
 
       v when is_float(v) ->
         <<s::1, exp::11, frac::52>> = <<v::float-64>>
@@ -412,8 +482,8 @@ defmodule XlaNode.Tensor do
 
         cond do
           exp == 0 and frac == 0 -> sign
-          exp == 0 -> sign ||| round_to_format(frac, -1074, e, m)
-          true -> sign ||| round_to_format(frac ||| 1 <<< 52, exp - 1075, e, m)
+          exp == 0 -> sign ||| min(round_to_format(frac, -1074, e, m), max)
+          true -> sign ||| min(round_to_format(frac ||| 1 <<< 52, exp - 1075, e, m), max)
         end
 
       other ->
@@ -422,20 +492,19 @@ defmodule XlaNode.Tensor do
     end
   end
 
-  # Bits (without sign) of the nearest value to `mant * 2^exp2` (mant > 0) in the format.
+  # Bits (without sign) of the nearest value to `mant * 2^exp2` (mant > 0) in the format, with
+  # an exponent field as wide as needed (the caller caps it).
   defp round_to_format(0, _exp2, _e, _m), do: 0
 
   defp round_to_format(mant, exp2, e, m) do
     bias = (1 <<< (e - 1)) - 1
     emin = 1 - bias
-    inf = ((1 <<< e) - 1) <<< m
     # Unbiased exponent of the leading bit of the value.
     lead = exp2 + bit_length(mant) - 1
     q = max(lead, emin) - m
     # The value in units of 2^q, rounded half to even.
     r = shift_round(mant, q - exp2)
-    bits = ((max(lead, emin) - emin) <<< m) + r
-    min(bits, inf)
+    ((max(lead, emin) - emin) <<< m) + r
   end
 
   defp shift_round(mant, shift) when shift <= 0, do: mant <<< -shift
@@ -468,6 +537,10 @@ defmodule XlaNode.Tensor do
   defp decode(binary, {:f, 32}), do: for(<<x::binary-4 <- binary>>, do: decode_f32(x))
   defp decode(binary, {:f, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 5, 10))
   defp decode(binary, {:bf, 16}), do: for(<<b::little-16 <- binary>>, do: float_value(b, 8, 7))
+  defp decode(binary, {:f, 8}), do: for(<<b <- binary>>, do: float_value(b, 5, 2))
+
+  defp decode(binary, {:f8_e4m3fn, 8}),
+    do: for(<<b <- binary>>, do: if((b &&& 0x7F) == 0x7F, do: :nan, else: finite_value(b, 4, 3)))
 
   defp decode(binary, {:c, bits}) do
     part = {:f, div(bits, 2)}
@@ -489,23 +562,27 @@ defmodule XlaNode.Tensor do
     sign = bits >>> (e + m)
     exp = bits >>> m &&& (1 <<< e) - 1
     frac = bits &&& (1 <<< m) - 1
-    bias = (1 <<< (e - 1)) - 1
 
     cond do
-      exp == (1 <<< e) - 1 and frac != 0 ->
-        :nan
-
-      exp == (1 <<< e) - 1 ->
-        if sign == 1, do: :neg_infinity, else: :infinity
-
-      true ->
-        magnitude =
-          if exp == 0,
-            do: frac * pow2(1 - bias - m),
-            else: ((1 <<< m) + frac) * pow2(exp - bias - m)
-
-        if sign == 1, do: -1.0 * magnitude, else: magnitude
+      exp == (1 <<< e) - 1 and frac != 0 -> :nan
+      exp == (1 <<< e) - 1 -> if sign == 1, do: :neg_infinity, else: :infinity
+      true -> finite_value(bits, e, m)
     end
+  end
+
+  # The value of the bits of a finite number in a format with `e` exponent and `m` mantissa bits.
+  defp finite_value(bits, e, m) do
+    sign = bits >>> (e + m)
+    exp = bits >>> m &&& (1 <<< e) - 1
+    frac = bits &&& (1 <<< m) - 1
+    bias = (1 <<< (e - 1)) - 1
+
+    magnitude =
+      if exp == 0,
+        do: frac * pow2(1 - bias - m),
+        else: ((1 <<< m) + frac) * pow2(exp - bias - m)
+
+    if sign == 1, do: -1.0 * magnitude, else: magnitude
   end
 
   # 2^k as an exact float (f64 never gets here with a finite value).

@@ -43,6 +43,16 @@ defmodule XlaNode.Compiler do
 
   Any other option raises `ArgumentError`, naming the valid ones, except those Nx itself passes
   through to a compiler (see `XlaNode.Compiler.Options`).
+
+  ## Telemetry
+
+  Its compiles and runs are the client's `XlaNode.compile/3` and `XlaNode.run/4`, whose
+  `[:xla_node, :compile | :run, :start | :stop | :exception]` spans (see `XlaNode.Telemetry`)
+  carry `compiler: XlaNode.Compiler` and `key`, the function's key as `Nx.Defn` gives it (for a
+  stage of `callbacks: :split`, `{{:split, key, argument_templates}, stage_index}`). A compile happens once per function,
+  argument templates and node, in the process that `XlaNode.Compiler.Cache` starts to compile and hold that program; its span covers the
+  node's compile, not the lowering to StableHLO before it. Callbacks and hooks are
+  `[:xla_node, :callback, ...]` spans, in the process that runs each.
   """
 
   @behaviour Nx.Defn.Compiler
@@ -122,8 +132,10 @@ defmodule XlaNode.Compiler do
     hooks = Keyword.get(opts, :hooks, %{})
 
     run_opts =
-      [keep_on_device: keep_on_device?(opts)] ++
-        Keyword.take(opts, [:callback_timeout, :queue_timeout])
+      opts
+      |> Keyword.take([:callback_timeout, :queue_timeout])
+      |> Keyword.put(:keep_on_device, keep_on_device?(opts))
+      |> Keyword.put(:telemetry_metadata, telemetry_metadata(cache_key))
 
     timeout = Keyword.get(opts, :timeout, :infinity)
 
@@ -190,8 +202,14 @@ defmodule XlaNode.Compiler do
               "out of it"
     end
 
-    Cache.compile!(cache_key, node, text, %{callbacks: callbacks, outputs: output_templates})
+    Cache.compile!(cache_key, node, text, %{callbacks: callbacks, outputs: output_templates},
+      telemetry_metadata: telemetry_metadata(cache_key)
+    )
   end
+
+  # What the client's :telemetry events of this compiler's compiles and runs carry besides their
+  # own: the compiler, and the function's key (a split stage's is {{:split, key, templates}, stage index}).
+  defp telemetry_metadata({key, _templates, _node}), do: %{compiler: __MODULE__, key: key}
 
   defp node!(opts) do
     case Keyword.fetch(opts, :node) do

@@ -249,8 +249,9 @@ defmodule XlaNode.Harness do
       node
     else
       {:error, why} ->
+        log = log(node)
         cleanup_node(node)
-        raise "xla_node #{full_name} did not come up: #{why}\n--- log ---\n#{log(node)}"
+        raise "xla_node #{full_name} did not come up: #{why}\n--- log ---\n#{log}"
     end
   end
 

@@ -11,6 +11,11 @@ defmodule XlaNode.Harness.RawDist do
   Handshake messages are `Length:16` framed; after the handshake every frame is `Length:32`.
   The client does not advertise DFLAG_FRAGMENTS, so the node talks to it in the pass-through
   format (`112`, control term, payload term), which is also what this client sends.
+
+  Calls can carry what OTP 25 cannot make (an OTP 29 native record, `native_record/3`, or bytes
+  no decoder knows) as encoded request bytes (`gen_call_encoded/4`), and can be made the way
+  OTP 24+ makes them, with an `[:alias | ref]` tag (`alias: true`), to see how the reply comes
+  back (`call/4`: the reply's control message too).
   """
 
   import Bitwise
@@ -31,6 +36,22 @@ defmodule XlaNode.Harness.RawDist do
 
   @doc "DFLAG_PUBLISHED: a node that sets it is visible; a hidden node does not."
   def published_flag, do: 0x1
+
+  @doc "DFLAG_ALIAS (OTP 24+): the peer takes ALIAS_SEND."
+  def alias_flag, do: 0x8 <<< 32
+
+  @doc "DFLAG_ALTACT_SIG (OTP 28+): the peer takes ALTACT_SIG_SEND."
+  def altact_sig_flag, do: 0x20 <<< 32
+
+  @doc "DFLAG_NATIVE_RECORDS (OTP 29+): the peer takes native records."
+  def native_records_flag, do: 0x40 <<< 32
+
+  @doc "ALTACT_SIG_SEND flag bits: PRIO, TOKEN, ALIAS, NAME, EXIT."
+  def altact(:prio), do: 1
+  def altact(:token), do: 2
+  def altact(:alias), do: 4
+  def altact(:name), do: 8
+  def altact(:exit), do: 16
 
   @doc "The OTP 25 mandatory flags plus monitors."
   def default_flags do
@@ -116,6 +137,15 @@ defmodule XlaNode.Harness.RawDist do
     )
   end
 
+  @doc "A reference made by this raw node (as an alias it hands out would be)."
+  def make_ref(%__MODULE__{name: name, creation: creation}) do
+    ids = for _ <- 1..3, into: <<>>, do: <<:rand.uniform(0xFFFF_FFFF)::32>>
+
+    :erlang.binary_to_term(
+      <<131, 90, 3::16, 118, byte_size(name)::16, name::binary, creation::32, ids::binary>>
+    )
+  end
+
   @doc "A pass-through frame body: 112, control, payload (an encoded binary or a term)."
   def pass_through(control, payload \\ nil) do
     payload =
@@ -164,19 +194,94 @@ defmodule XlaNode.Harness.RawDist do
   `{:error, reason}`.
   """
   def gen_call(conn, to, request, timeout \\ 5_000) do
-    ref = make_ref()
-    :ok = reg_send(conn, to, {:"$gen_call", {pid(conn), ref}, request})
-    await_reply(conn, ref, System.monotonic_time(:millisecond) + timeout)
+    with {:ok, _control, reply} <- call(conn, to, request, timeout: timeout), do: {:ok, reply}
   end
 
-  defp await_reply(conn, ref, deadline) do
+  @doc """
+  A call whose request is given as encoded bytes (external format without version byte), for
+  terms this BEAM cannot make or that no decoder knows. Returns like `gen_call/4`.
+  """
+  def gen_call_encoded(conn, to, request_bytes, timeout \\ 5_000) do
+    with {:ok, _control, reply} <- call(conn, to, {:encoded, request_bytes}, timeout: timeout),
+         do: {:ok, reply}
+  end
+
+  @doc """
+  A call to `to` (a registered name, or a pid of the node), sent as REG_SEND or SEND, or with
+  `via: {:altact, flags}` as ALTACT_SIG_SEND with those flag bits (plus NAME for a name, and a
+  token element when they hold TOKEN). `request` is a term or `{:encoded, bytes}`. Options:
+  `alias: true` tags the call `[:alias | ref]` as OTP 24+ does; `timeout`. Returns
+  `{:ok, reply_control, reply}`: the control message the reply came with, and the reply.
+  """
+  def call(conn, to, request, opts \\ []) do
+    # An alias is made by the caller's node, which is where its replies go.
+    ref = make_ref(conn)
+    tag = if opts[:alias], do: [:alias | ref], else: ref
+
+    request =
+      case request do
+        {:encoded, bytes} -> bytes
+        term -> bare(term)
+      end
+
+    payload =
+      <<131, 104, 3, bare(:"$gen_call")::binary, bare({pid(conn), tag})::binary, request::binary>>
+
+    :ok = send_frame(conn, pass_through(control_to(conn, to, opts[:via]), {:encoded, payload}))
+
+    await_reply(
+      conn,
+      tag,
+      System.monotonic_time(:millisecond) + Keyword.get(opts, :timeout, 5_000)
+    )
+  end
+
+  defp control_to(conn, to, nil) when is_atom(to), do: {6, pid(conn), :"", to}
+  defp control_to(_conn, to, nil) when is_pid(to), do: {2, :"", to}
+
+  defp control_to(conn, to, {:altact, flags}) do
+    flags = if is_atom(to), do: flags ||| altact(:name), else: flags
+
+    if (flags &&& altact(:token)) != 0,
+      do: {37, flags, pid(conn), to, :a_trace_token},
+      else: {37, flags, pid(conn), to}
+  end
+
+  defp await_reply(conn, tag, deadline) do
     left = max(deadline - System.monotonic_time(:millisecond), 0)
 
     case recv_message(conn, left) do
-      {:ok, _control, {^ref, reply}} -> {:ok, reply}
-      {:ok, _control, _other} -> await_reply(conn, ref, deadline)
+      {:ok, control, {^tag, reply}} -> {:ok, control, reply}
+      {:ok, _control, _other} -> await_reply(conn, tag, deadline)
       {:error, _} = e -> e
     end
+  end
+
+  @doc "A term in external format without its version byte."
+  def bare(term) do
+    <<131, rest::binary>> = :erlang.term_to_binary(term)
+    rest
+  end
+
+  @doc """
+  An OTP 29 native record as RECORD_EXT bytes (tag 67: field count, flags, module, name, field
+  names, values), as an OTP 29 node encodes `#name{...}` of `module`: OTP 25 cannot make one.
+  """
+  def native_record(module, name, fields, exported \\ false) do
+    names = for {k, _} <- fields, into: <<>>, do: bare(k)
+    values = for {_, v} <- fields, into: <<>>, do: encode_value(v)
+
+    <<67, length(fields)::32, if(exported, do: 1, else: 0), bare(module)::binary,
+      bare(name)::binary, names::binary, values::binary>>
+  end
+
+  defp encode_value({:encoded, bytes}), do: bytes
+  defp encode_value(term), do: bare(term)
+
+  @doc "A tuple's bytes from encoded elements (`{:encoded, bytes}`) and terms."
+  def tuple_bytes(elements) do
+    body = for e <- elements, into: <<>>, do: encode_value(e)
+    <<104, length(elements), body::binary>>
   end
 
   @doc "Receives the next non-tick frame, decoded as `{:ok, control, payload | nil}`."

@@ -46,11 +46,12 @@ defmodule XlaNode.Compiler.Cache do
 
   @doc """
   Compiles `text` on `node` and stores `%{exe: exe}` merged with `extra` under `key`; returns
-  the entry, or raises the compile error. Callers asking for the same key while it compiles wait
-  for that one compile; other keys compile at the same time.
+  the entry, or raises the compile error. `compile_opts` go to `XlaNode.compile/3`. Callers
+  asking for the same key while it compiles wait for that one compile; other keys compile at the
+  same time.
   """
-  def compile!(key, node, text, extra) do
-    case GenServer.call(__MODULE__, {:compile, key, node, text, extra}, :infinity) do
+  def compile!(key, node, text, extra, compile_opts \\ []) do
+    case GenServer.call(__MODULE__, {:compile, key, node, text, extra, compile_opts}, :infinity) do
       {:ok, entry} -> entry
       {:error, error} -> raise with_line(error, text)
     end
@@ -87,11 +88,11 @@ defmodule XlaNode.Compiler.Cache do
   # answer, keeps no other caller waiting. `compiling` maps an owner still compiling to its key,
   # extra and waiting callers; an owner that holds an entry has an `{:owner, pid}` row in the table.
   @impl true
-  def handle_call({:compile, key, node, text, extra}, from, state) do
+  def handle_call({:compile, key, node, text, extra, compile_opts}, from, state) do
     case get(key) || Enum.find(state.compiling, fn {_, {k, _, _, _}} -> k == key end) do
       nil ->
         cache = self()
-        owner = spawn_link(fn -> own(cache, node, text) end)
+        owner = spawn_link(fn -> own(cache, node, text, compile_opts) end)
         {:noreply, put_in(state.compiling[owner], {key, node, extra, [from]})}
 
       {owner, {key, node, extra, waiting}} ->
@@ -148,8 +149,8 @@ defmodule XlaNode.Compiler.Cache do
   def handle_info({:nodeup, _node, _info}, state), do: {:noreply, state}
 
   # A program's owner: compiles it, reports, and holds it until its node goes.
-  defp own(cache, node, text) do
-    result = XlaNode.compile(node, text)
+  defp own(cache, node, text, compile_opts) do
+    result = XlaNode.compile(node, text, compile_opts)
     send(cache, {:compiled, self(), result})
 
     with {:ok, _exe} <- result do

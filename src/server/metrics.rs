@@ -1,0 +1,320 @@
+//! What `--metrics-addr` serves: the node's figures as Prometheus metric families, read at each
+//! scrape from the counters the node keeps anyway, the ones `:info` reports (`info.rs`). One
+//! source per figure: nothing here counts.
+//!
+//! Names follow Prometheus' conventions: the `xla_node_` prefix, base units in the name
+//! (`_seconds`, `_bytes`), `_total` on counters, and labels with a fixed set of values
+//! (outcomes and error kinds). The README's metrics table lists them.
+
+use super::error::ErrorKind;
+use super::state::State;
+use crate::dispatch::Outcome;
+use crate::metrics::endpoint::Render;
+use crate::metrics::Snapshot;
+use crate::node::traffic;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The exposition of `state`'s figures, rendered at each call.
+pub fn render(state: Arc<State>) -> Render {
+    let start_time = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(state.node.uptime())
+        .as_secs_f64();
+    let mut registry = Registry::with_prefix("xla_node");
+    registry.register_collector(Box::new(Families { state, start_time }));
+    Arc::new(move || {
+        let mut text = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .expect("writing to a String cannot fail");
+        text
+    })
+}
+
+struct Families {
+    state: Arc<State>,
+    /// When the node started, in seconds since the Unix epoch.
+    start_time: f64,
+}
+
+impl fmt::Debug for Families {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Families").finish_non_exhaustive()
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut out: DescriptorEncoder) -> fmt::Result {
+        let state = &self.state;
+        let client = state.executor.client();
+        let (major, minor) = client.api().version();
+        let pjrt = format!("{major}.{minor}");
+        let build = [
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("platform", client.platform_name()),
+            ("platform_version", client.platform_version()),
+            ("pjrt_api_version", pjrt.as_str()),
+        ];
+        let mut info = out.encode_descriptor(
+            "build_info",
+            "The node's version and its XLA platform, as labels; always 1.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(info.encode_family(&build)?)?;
+        gauge(
+            &mut out,
+            "start_time",
+            "When the node started, since the Unix epoch.",
+            Some(&Unit::Seconds),
+            self.start_time,
+        )?;
+
+        let (runs, run_errors) = state.runs.counts();
+        let scheduled = state.scheduler.counts();
+        counters(
+            &mut out,
+            "runs",
+            "Runs answered, by outcome: ok; error (XLA's error, a failed callback, arguments \
+             that do not fit the executable); timeout (no place within the run's queue_timeout).",
+            "outcome",
+            &[
+                ("ok", runs - run_errors),
+                ("error", run_errors),
+                ("timeout", scheduled.queue_timeouts),
+            ],
+        )?;
+        histogram(
+            &mut out,
+            "run_duration",
+            "Runs' time on their executor thread, from start to results in hand.",
+            &state.runs.duration.snapshot(),
+        )?;
+        histogram(
+            &mut out,
+            "run_queue_wait",
+            "Runs' time from the request's arrival to their start on an executor thread.",
+            &state.runs.queue_wait.snapshot(),
+        )?;
+        gauge(
+            &mut out,
+            "runs_running",
+            "Runs executing now.",
+            None,
+            scheduled.running as f64,
+        )?;
+        gauge(
+            &mut out,
+            "runs_queued",
+            "Runs waiting for a place to execute.",
+            None,
+            scheduled.queued as f64,
+        )?;
+
+        let compiles = state.executor.stats();
+        counters(
+            &mut out,
+            "compiles",
+            "Compile requests answered, by outcome: compiled, cache_hit (the same module was \
+             compiled before), error.",
+            "outcome",
+            &[
+                ("compiled", compiles.compiles),
+                ("cache_hit", compiles.cache_hits),
+                ("error", compiles.compile_errors),
+            ],
+        )?;
+        histogram(
+            &mut out,
+            "compile_duration",
+            "Compile requests' time on their executor thread (cache hits included).",
+            &state.compile_time.snapshot(),
+        )?;
+        gauge(
+            &mut out,
+            "cached_executables",
+            "Executables in the compile cache.",
+            None,
+            compiles.cached as f64,
+        )?;
+
+        let callbacks = state.dispatcher.stats();
+        let outcomes: Vec<(&str, u64)> = Outcome::ALL
+            .iter()
+            .map(|&o| (o.as_str(), callbacks.ended(o)))
+            .collect();
+        counters(
+            &mut out,
+            "callbacks",
+            "Host callbacks ended, by outcome: ok; error (the reply was an error or did not fit \
+             the program); timeout; target_down (not alive, exited or unreachable); abandoned \
+             (the run's requester went away, or the node is shutting down).",
+            "outcome",
+            &outcomes,
+        )?;
+        histogram(
+            &mut out,
+            "callback_round_trip",
+            "Host callbacks' round trip, from the request's write to the reply in the waiting \
+             thread's hands.",
+            &callbacks.round_trip,
+        )?;
+        gauge(
+            &mut out,
+            "callbacks_pending",
+            "Host callbacks waiting for their reply now.",
+            None,
+            callbacks.pending as f64,
+        )?;
+        counter(
+            &mut out,
+            "callback_outfeeds",
+            "Outfeed messages sent.",
+            None,
+            callbacks.outfeeds,
+        )?;
+
+        let held = state.resources.held();
+        gauge(
+            &mut out,
+            "executables",
+            "Executables held for clients.",
+            None,
+            held.executables as f64,
+        )?;
+        gauge(
+            &mut out,
+            "buffers",
+            "Device buffers held for clients.",
+            None,
+            held.buffers as f64,
+        )?;
+        gauge(
+            &mut out,
+            "buffer",
+            "Bytes of the device buffers held for clients.",
+            Some(&Unit::Bytes),
+            held.buffer_bytes as f64,
+        )?;
+
+        let errors: Vec<(&str, u64)> = state
+            .errors
+            .counts()
+            .iter()
+            .map(|&(kind, n)| (ErrorKind::as_str(kind), n))
+            .collect();
+        counters(
+            &mut out,
+            "request_errors",
+            "Error replies of the :xla server, by kind (the README's error kinds).",
+            "kind",
+            &errors,
+        )?;
+
+        let moved = traffic::totals();
+        let dist = [
+            (
+                "dist_received",
+                "Bytes of distribution frames read from peers.",
+                Some(&Unit::Bytes),
+                moved.received_bytes,
+            ),
+            (
+                "dist_sent",
+                "Bytes written to peers' distribution connections.",
+                Some(&Unit::Bytes),
+                moved.sent_bytes,
+            ),
+            (
+                "dist_received_messages",
+                "Messages received from peers.",
+                None,
+                moved.received_messages,
+            ),
+            (
+                "dist_sent_messages",
+                "Messages sent to peers.",
+                None,
+                moved.sent_messages,
+            ),
+        ];
+        for (name, help, unit, value) in dist {
+            counter(&mut out, name, help, unit, value)?;
+        }
+        gauge(
+            &mut out,
+            "peers",
+            "Nodes connected.",
+            None,
+            state.node.connected_nodes().len() as f64,
+        )?;
+        gauge(
+            &mut out,
+            "processes",
+            "Processes of the node (servers, callback waiters, echo processes).",
+            None,
+            state.node.process_count() as f64,
+        )
+    }
+}
+
+fn gauge(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    value: f64,
+) -> fmt::Result {
+    let gauge = ConstGauge::new(value);
+    gauge.encode(out.encode_descriptor(name, help, unit, gauge.metric_type())?)
+}
+
+fn counter(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    value: u64,
+) -> fmt::Result {
+    let counter = ConstCounter::new(value);
+    counter.encode(out.encode_descriptor(name, help, unit, counter.metric_type())?)
+}
+
+/// A counter with one label, one series per value.
+fn counters(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut family = out.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for &(value, n) in values {
+        ConstCounter::new(n).encode(family.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    out: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    snapshot: &Snapshot,
+) -> fmt::Result {
+    let mut metric =
+        out.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+    metric.encode_histogram::<NoLabelSet>(
+        snapshot.sum().as_secs_f64(),
+        snapshot.count(),
+        &snapshot.exported_buckets(),
+        None,
+    )
+}
