@@ -319,6 +319,11 @@ defmodule XlaNode.BackendTest do
                <<0.0::float-32-native, 1.0::float-32-native, 2.0::float-32-native>>
 
       assert inspect(big, limit: 4) =~ "[0.0, 1.0, 2.0, 3.0, ...]"
+
+      # A type the compiler does not run yet is read whole, and cut here.
+      packed = Nx.iota({500, 500}, type: :u4, backend: Nx.BinaryBackend)
+      packed = Nx.backend_transfer(packed, {XlaNode.Backend, node: xla()})
+      assert Nx.to_binary(packed, limit: 3) == <<0::4, 1::4, 2::4>>
     end
 
     test "pointers raise" do

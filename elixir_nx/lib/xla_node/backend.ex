@@ -28,6 +28,9 @@ defmodule XlaNode.Backend do
   exception: they stay in the tensor struct and go, a few bytes, with the operation that uses
   them.
 
+  Every Nx type moves to and from the node; operations run on the types `XlaNode.Compiler`
+  lowers, and one on another type raises `ArgumentError` naming it.
+
   A tensor of this backend passed to a function jitted with `XlaNode.Compiler` on the same node
   goes as its buffer, and the function's results stay on the node when the default backend is
   `XlaNode.Backend` (or with `keep_on_device: true`): a training loop keeps its parameters on
@@ -163,27 +166,32 @@ defmodule XlaNode.Backend do
     t = Nx.devectorize(t, keep_names: false)
 
     binary =
-      if limit < Nx.size(t) and Nx.byte_size(t) > @read_whole_up_to do
-        # Only the first `limit` elements cross.
-        out = %{t | shape: {limit}, names: [nil]}
-
-        head =
-          Eager.run(:head, out, [t, limit], nil, fn [t, n] ->
-            t |> Nx.flatten() |> Nx.slice([0], [n])
-          end)
-
-        try do
-          Transfer.read!(head)
-        after
-          Transfer.free(head)
-        end
-      else
-        Transfer.read!(t)
-      end
+      if limit < Nx.size(t) and Nx.byte_size(t) > @read_whole_up_to,
+        do: read_head(t, limit),
+        else: Transfer.read!(t)
 
     head_bits = min(limit, Nx.size(t)) * bits
     <<head::bitstring-size(head_bits), _::bitstring>> = binary
     head
+  end
+
+  # Only the first `limit` elements cross: a program on the node slices them off. A type the
+  # compiler cannot run yet is read whole.
+  defp read_head(t, limit) do
+    out = %{t | shape: {limit}, names: [nil]}
+
+    head =
+      Eager.run(:head, out, [t, limit], nil, fn [t, n] ->
+        t |> Nx.flatten() |> Nx.slice([0], [n])
+      end)
+
+    try do
+      Transfer.read!(head)
+    after
+      Transfer.free(head)
+    end
+  rescue
+    ArgumentError -> Transfer.read!(t)
   end
 
   @impl true

@@ -84,18 +84,15 @@ defmodule XlaNode.Compiler.Lower do
 
   defp type_of(%T{type: type, shape: shape}), do: {type!(type), Tuple.to_list(shape)}
 
-  # The types the client exchanges with the node (XlaNode.Tensor's list, in one place), but
-  # for :pred, which Nx does not have.
-  defp type!(type) do
-    types = XlaNode.Tensor.types() -- [{:pred, 8}]
+  defp type!({kind, bits} = type) when kind in [:s, :u] and bits in [8, 16, 32, 64], do: type
+  defp type!({:f, bits} = type) when bits in [16, 32, 64], do: type
+  defp type!({:bf, 16} = type), do: type
+  defp type!({:c, bits} = type) when bits in [64, 128], do: type
 
-    if type in types do
-      type
-    else
-      raise ArgumentError,
-            "XlaNode.Compiler cannot run tensors of type #{inspect(type)} (the node's types: " <>
-              Enum.map_join(types, ", ", fn {kind, bits} -> "#{kind}#{bits}" end) <> ")"
-    end
+  defp type!(type) do
+    raise ArgumentError,
+          "XlaNode.Compiler cannot run tensors of type #{inspect(type)} " <>
+            "(the node's types: s8-s64, u8-u64, f16, bf16, f32, f64, c64, c128)"
   end
 
   defp dims(%T{shape: shape}), do: Tuple.to_list(shape)
