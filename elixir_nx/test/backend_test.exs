@@ -332,6 +332,15 @@ defmodule XlaNode.BackendTest do
   end
 
   describe "errors" do
+    test "an operation on a type the compiler does not run raises naming it" do
+      t = Nx.tensor([1, 2, 3], type: :u4, backend: {XlaNode.Backend, node: xla()})
+      assert Nx.to_flat_list(t) == [1, 2, 3]
+
+      assert_raise ArgumentError, ~r/cannot run tensors of type \{:u, 4\}/, fn ->
+        Nx.add(t, t)
+      end
+    end
+
     test "a node that is down, or goes down, raises naming it; its tensors are gone" do
       assert_raise XlaNode.Error, ~r/nowhere@nohost/, fn ->
         Nx.tensor([1.0, 2.0], backend: {XlaNode.Backend, node: :nowhere@nohost})
