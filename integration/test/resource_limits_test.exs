@@ -50,30 +50,6 @@ defmodule XlaNode.ResourceLimitsTest do
     """
   end
 
-  defp start_runs(node, exe) do
-    Task.async(fn -> run_loop(node, exe, 0, 0) end)
-  end
-
-  defp run_loop(node, exe, ok, failed) do
-    receive do
-      :stop -> {ok, failed}
-    after
-      0 ->
-        {bin, _} = x = Load.f32(ok, 4)
-        expected = Load.plus_one(bin)
-
-        case call(node, {:run, exe, [x]}, 10_000) do
-          {:ok, [{^expected, _}]} -> run_loop(node, exe, ok + 1, failed)
-          _ -> run_loop(node, exe, ok, failed + 1)
-        end
-    end
-  end
-
-  defp stop_runs(task) do
-    send(task.pid, :stop)
-    Task.await(task, 20_000)
-  end
-
   defp vm_rss_kib(os_pid) do
     [_, kib] = Regex.run(~r/VmRSS:\s+(\d+) kB/, File.read!("/proc/#{os_pid}/status"))
     String.to_integer(kib)
@@ -89,7 +65,7 @@ defmodule XlaNode.ResourceLimitsTest do
 
     test "a to_device past the limit is refused, another client's runs go on, and it fits once freed",
          %{node: node, exe: exe} do
-      runs = start_runs(node, exe)
+      runs = Load.start_runs(node, exe)
       assert %{max_device_bytes: @limit} = info(node)
       big = Load.f32(0, @big_n)
       assert {:ok, first} = call(node, {:to_device, big})
@@ -107,7 +83,7 @@ defmodule XlaNode.ResourceLimitsTest do
       assert {:ok, {data, _}} = call(node, {:read, second})
       assert data == elem(big, 0)
 
-      assert {ok, 0} = stop_runs(runs)
+      assert {ok, 0} = Load.stop_runs(runs)
       assert ok > 0
       assert %{request_errors: %{resource_exhausted: 1}} = info(node)
     end
@@ -124,7 +100,7 @@ defmodule XlaNode.ResourceLimitsTest do
       assert {:ok, [kept]} = call(node, {:run, wide, [x], [keep_on_device: true]})
       assert :ok = call(node, {:free, kept})
 
-      runs = start_runs(node, exe)
+      runs = Load.start_runs(node, exe)
       {:ok, held} = call(node, {:to_device, Load.f32(0, @big_n)})
       %{runs: before, run_errors: errors_before} = info(node)
 
@@ -136,7 +112,7 @@ defmodule XlaNode.ResourceLimitsTest do
                call(node, {:run, wide, [x], [keep_on_device: true]})
 
       # The small runs go on meanwhile; the refusals are counted as failed runs.
-      assert {ok, 0} = stop_runs(runs)
+      assert {ok, 0} = Load.stop_runs(runs)
       assert ok > 0
       assert %{runs: runs_after, run_errors: errors_after, buffers: 1} = info(node)
       assert runs_after - before >= 2
