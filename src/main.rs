@@ -71,6 +71,16 @@ struct Cli {
     /// added up; a peer that sends a larger one is disconnected, everyone else is served on.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
     max_message_bytes: usize,
+    /// Device memory, in bytes (suffixes K, M, G), that buffers kept on the device and the
+    /// transfers and runs in flight may take together; a `to_device` or run that would exceed it
+    /// is answered `{:error, {:resource_exhausted, message}}` before anything is allocated.
+    /// Default: no bound.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    max_device_bytes: Option<usize>,
+    /// Compiled programs the compile cache keeps: beyond it, the least recently used ones that
+    /// no client holds any more are destroyed (one still held is never evicted).
+    #[arg(long, value_name = "N", default_value_t = xla_node::xla::DEFAULT_MAX_CACHED)]
+    max_executables: usize,
     /// PJRT plugin to load (default: the CPU plugin installed by scripts/setup.sh).
     #[arg(long, env = "XLA_NODE_PJRT_PLUGIN")]
     pjrt_plugin: Option<PathBuf>,
@@ -221,6 +231,8 @@ fn main() -> anyhow::Result<()> {
                     dirs: cli.kernel_dirs,
                     version_shim: VersionShim::from_flags(&cli.kernel_version_shim),
                 },
+                max_device_bytes: cli.max_device_bytes.map(|n| n as u64),
+                max_executables: cli.max_executables,
             },
         )?;
         let _metrics = metrics.map(|m| m.serve(server.metrics())).transpose()?;

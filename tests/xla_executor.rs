@@ -683,6 +683,34 @@ fn compile_cache_hits() {
     assert_eq!(out[0].data, le(&[2i32, 4, 6, 8, 10]));
 }
 
+#[test]
+fn compile_cache_evicts_least_recently_used_unheld_programs() {
+    let ex = Executor::with_cache_bound(client(), 2);
+    let program = |k: i32| {
+        format!(
+            "func.func @main(%a: tensor<3xi32>) -> tensor<3xi32> {{
+  %c = stablehlo.constant dense<{k}> : tensor<3xi32>
+  %0 = stablehlo.add %a, %c : tensor<3xi32>
+  return %0 : tensor<3xi32>
+}}"
+        )
+        .into_bytes()
+    };
+    // Held throughout: beyond the bound, yet never evicted.
+    let (held, _) = ex.compile(program(0)).unwrap();
+    for k in 1..=4 {
+        drop(ex.compile(program(k)).unwrap());
+    }
+    let s = ex.stats();
+    assert_eq!((s.compiles, s.cached, s.evictions), (5, 2, 3));
+    // The most recent unheld one stays; the earlier ones were destroyed and compile again.
+    assert!(ex.compile(program(4)).unwrap().1);
+    assert!(!ex.compile(program(1)).unwrap().1);
+    assert!(ex.compile(program(0)).unwrap().1);
+    let out = run_host(&held, &[t(DType::S32, &[3], le(&[1i32, 2, 3]))]).unwrap();
+    assert_eq!(out[0].data, le(&[1i32, 2, 3]));
+}
+
 /// A `while` loop of `n` steps over a 16-element vector (shared with the integration tests).
 const LONG_LOOP: &str = include_str!("fixtures/long_loop.mlir");
 

@@ -20,31 +20,6 @@ defmodule XlaNode.MessageLimitTest do
     %{node: node, exe: exe}
   end
 
-  # Runs x + 1 over and over from the runner until told to stop; returns {ok, failed}.
-  defp start_runs(node, exe) do
-    Task.async(fn -> run_loop(node, exe, 0, 0) end)
-  end
-
-  defp run_loop(node, exe, ok, failed) do
-    receive do
-      :stop -> {ok, failed}
-    after
-      0 ->
-        {bin, _} = x = Load.f32(ok, 4)
-        expected = Load.plus_one(bin)
-
-        case GenServer.call({:xla, node.name}, {:run, exe, [x]}, 10_000) do
-          {:ok, [{^expected, _}]} -> run_loop(node, exe, ok + 1, failed)
-          _ -> run_loop(node, exe, ok, failed + 1)
-        end
-    end
-  end
-
-  defp stop_runs(task) do
-    send(task.pid, :stop)
-    Task.await(task, 20_000)
-  end
-
   defp assert_cut_off(node, conn) do
     assert RawDist.await_closed(conn, 5_000) == :closed
 
@@ -58,7 +33,7 @@ defmodule XlaNode.MessageLimitTest do
   end
 
   test "one frame over the limit cuts that peer off; other runs go on", %{node: node, exe: exe} do
-    runs = start_runs(node, exe)
+    runs = Load.start_runs(node, exe)
     {:ok, conn} = RawDist.connect(node)
     assert {:ok, :pong} = RawDist.gen_call(conn, :xla, :ping)
     big = :binary.copy(<<7>>, @limit + 1)
@@ -67,7 +42,7 @@ defmodule XlaNode.MessageLimitTest do
       RawDist.reg_send(conn, :xla, {:"$gen_call", {RawDist.pid(conn), make_ref()}, {:echo, big}})
 
     assert_cut_off(node, conn)
-    assert {ok, 0} = stop_runs(runs)
+    assert {ok, 0} = Load.stop_runs(runs)
     assert ok > 0
     assert GenServer.call({:xla, node.name}, :ping) == :pong
   end
@@ -76,7 +51,7 @@ defmodule XlaNode.MessageLimitTest do
     node: node,
     exe: exe
   } do
-    runs = start_runs(node, exe)
+    runs = Load.start_runs(node, exe)
     {:ok, conn} = RawDist.connect(node, flags: RawDist.default_flags() ||| @fragments)
     control = {6, RawDist.pid(conn), :"", :xla}
 
@@ -89,7 +64,7 @@ defmodule XlaNode.MessageLimitTest do
     Process.sleep(100)
     :ok = RawDist.send_frame(conn, second)
     assert_cut_off(node, conn)
-    assert {ok, 0} = stop_runs(runs)
+    assert {ok, 0} = Load.stop_runs(runs)
     assert ok > 0
   end
 

@@ -252,7 +252,7 @@ defmodule XlaNode.MetricsTest do
     errors = &delta(after_, before, "xla_node_request_errors_total", %{"kind" => &1})
 
     assert Map.new(
-             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error),
+             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error resource_exhausted),
              &{&1, errors.(&1)}
            ) == %{
              "bad_request" => 1,
@@ -260,7 +260,8 @@ defmodule XlaNode.MetricsTest do
              "compile_error" => 1,
              "runtime_error" => 4,
              "timeout" => 1,
-             "kernel_error" => 0
+             "kernel_error" => 0,
+             "resource_exhausted" => 0
            }
 
     # Runs that executed (not the one refused for its argument, nor the one that never started).
@@ -301,7 +302,8 @@ defmodule XlaNode.MetricsTest do
              compile_error: 1,
              runtime_error: 4,
              timeout: 1,
-             kernel_error: 0
+             kernel_error: 0,
+             resource_exhausted: 0
            }
 
     assert info.traffic.received_messages ==

@@ -2,6 +2,7 @@
 //! caller owns, and freeing what it owns.
 //!
 //! Copies to and from the device call XLA, so they run on an executor thread, which replies.
+//! A copy to the device first reserves its bytes under `--max-device-bytes` (`device_budget.rs`).
 //! Freeing only takes the resource out of the table here; dropping it (a PJRT call) happens on
 //! an executor thread too, after any run still using it is done (see `resources.rs`).
 
@@ -19,12 +20,21 @@ use std::sync::Arc;
 /// `{:to_device, tensor}`: replies `{:ok, buffer}`.
 pub fn to_device(state: &Arc<State>, from: From, tensor: HostTensor) {
     state.spawn(move |state| {
+        let bytes = tensor.data.len() as u64;
         let uploaded = state
-            .executor
-            .client()
-            .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)
-            .map(|b| Term::from(state.register(Resource::Buffer(Arc::new(b)), &from.pid)));
-        state.reply_result(&from, uploaded.map_err(RequestError::from));
+            .device_budget
+            .reserve(&state.resources, "the to_device", bytes)
+            .and_then(|_reserved| {
+                let buffer = state.executor.client().buffer_from_host(
+                    &tensor.data,
+                    tensor.dtype,
+                    &tensor.dims,
+                )?;
+                Ok(Term::from(
+                    state.register(Resource::Buffer(Arc::new(buffer)), &from.pid),
+                ))
+            });
+        state.reply_result(&from, uploaded);
     });
 }
 

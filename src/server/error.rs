@@ -26,6 +26,10 @@ pub enum RequestError {
     /// A kernel that could not be loaded, or a load the node does not allow (`:kernel_error`).
     #[error("{0}")]
     Kernel(String),
+    /// A transfer or run that would take the device past `--max-device-bytes`
+    /// (`:resource_exhausted`).
+    #[error("{0}")]
+    ResourceExhausted(String),
 }
 
 impl RequestError {
@@ -38,6 +42,7 @@ impl RequestError {
             RequestError::Xla(XlaError::Runtime(_) | XlaError::Plugin(_)) => ErrorKind::Runtime,
             RequestError::Timeout(_) => ErrorKind::Timeout,
             RequestError::Kernel(_) => ErrorKind::Kernel,
+            RequestError::ResourceExhausted(_) => ErrorKind::ResourceExhausted,
         }
     }
 
@@ -56,16 +61,18 @@ pub enum ErrorKind {
     Runtime,
     Timeout,
     Kernel,
+    ResourceExhausted,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::BadRequest,
         ErrorKind::Argument,
         ErrorKind::Compile,
         ErrorKind::Runtime,
         ErrorKind::Timeout,
         ErrorKind::Kernel,
+        ErrorKind::ResourceExhausted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +83,7 @@ impl ErrorKind {
             ErrorKind::Runtime => "runtime_error",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Kernel => "kernel_error",
+            ErrorKind::ResourceExhausted => "resource_exhausted",
         }
     }
 }

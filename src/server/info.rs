@@ -43,10 +43,18 @@ pub fn info(state: &State) -> Term {
         ("executables", int(held.executables as i64)),
         ("buffers", int(held.buffers as i64)),
         ("buffer_bytes", int(held.buffer_bytes as i64)),
+        (
+            "max_device_bytes",
+            match state.device_budget.limit() {
+                Some(limit) => int(limit as i64),
+                None => atom("infinity"),
+            },
+        ),
         ("compiles", int(compiles.compiles as i64)),
         ("cache_hits", int(compiles.cache_hits as i64)),
         ("compile_errors", int(compiles.compile_errors as i64)),
         ("cached_executables", int(compiles.cached as i64)),
+        ("cache_evictions", int(compiles.evictions as i64)),
         ("runs", int(runs as i64)),
         ("runs_running", int(scheduled.running as i64)),
         ("runs_queued", int(scheduled.queued as i64)),

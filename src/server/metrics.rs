@@ -145,6 +145,14 @@ impl Collector for Families {
             None,
             compiles.cached as f64,
         )?;
+        counter(
+            &mut out,
+            "cache_evictions",
+            "Executables evicted from the compile cache (no client held them) to keep it within \
+             --max-executables.",
+            None,
+            compiles.evictions,
+        )?;
 
         let callbacks = state.dispatcher.stats();
         let outcomes: Vec<(&str, u64)> = Outcome::ALL
@@ -203,6 +211,14 @@ impl Collector for Families {
             "Bytes of the device buffers held for clients.",
             Some(&Unit::Bytes),
             held.buffer_bytes as f64,
+        )?;
+        gauge(
+            &mut out,
+            "device_in_flight",
+            "Bytes reserved on the device by transfers and runs in flight (host arguments and \
+             results), counted with the buffers held against --max-device-bytes.",
+            Some(&Unit::Bytes),
+            state.device_budget.in_flight() as f64,
         )?;
 
         let errors: Vec<(&str, u64)> = state

@@ -12,11 +12,12 @@
 //! answers each), one file per request family (`compile`, `run`, `buffers`, `load_kernel`,
 //! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
 //! (reading requests, error replies), `resources`
-//! (executables and buffers and their owners), `schedule` and `watchdog`, `kernels` (the
+//! (executables and buffers and their owners), `device_budget` (`--max-device-bytes`), `schedule` and `watchdog`, `kernels` (the
 //! operator's kernel settings), `plugin` (finding the PJRT plugin), `net_kernel`.
 
 mod buffers;
 mod compile;
+mod device_budget;
 mod echo;
 mod error;
 mod info;
@@ -55,6 +56,10 @@ pub struct ServerConfig {
     pub queue_timeout: Option<Duration>,
     /// Kernels to load now, and what run-time loads may do.
     pub kernels: kernels::KernelPolicy,
+    /// Device bytes that buffers kept and work in flight may take together; `None`: no bound.
+    pub max_device_bytes: Option<u64>,
+    /// Executables the compile cache keeps beyond those still held.
+    pub max_executables: usize,
 }
 
 /// Keeps the standing processes alive; dropping it stops them.
@@ -93,7 +98,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
     kernels::load_at_start(&client, &config.kernels)?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
-    let executor = Executor::new(client);
+    let executor = Executor::with_cache_bound(client, config.max_executables);
     let scheduler = Scheduler::new(executor.clone(), node.runtime().clone());
     let heartbeat = watchdog::start(
         node.runtime(),
@@ -110,6 +115,7 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         dispatcher,
         scheduler,
         resources: Default::default(),
+        device_budget: device_budget::DeviceBudget::new(config.max_device_bytes),
         runs: Default::default(),
         compile_time: Default::default(),
         errors: Default::default(),

@@ -5,7 +5,9 @@
 //! the executable's parameters, here on the server's task, so that wrong arguments are answered
 //! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
 //! the [`Scheduler`](super::schedule::Scheduler) admits the run to an executor thread, which
-//! executes it and replies with the results, as tensors or as buffers left on the device.
+//! executes it and replies with the results, as tensors or as buffers left on the device. A run
+//! reserves its host arguments' and results' bytes under `--max-device-bytes` before it executes
+//! (`device_budget.rs`).
 //!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
@@ -78,7 +80,7 @@ impl RunRequest {
         let leading = handle.map(RunHandle::tensor).into_iter().collect();
         let run = match Run::new(program.exe.clone(), leading, given) {
             Ok(run) => run,
-            Err(e) => return reply(state, &from, Err(e)),
+            Err(e) => return reply(state, &from, Err(e.into())),
         };
         let calls_back = program.calls_back;
         let queue_timeout = options.queue_timeout.unwrap_or(state.queue_timeout);
@@ -90,7 +92,18 @@ impl RunRequest {
             let state = state.clone();
             Box::new(move || {
                 let started = state.runs.started(received);
-                let results = execute(&state, &program, &run, handle, &options, &from);
+                // Checked here, when the run has its place and before XLA allocates: buffers
+                // freed while it waited count no more.
+                let reserved =
+                    state
+                        .device_budget
+                        .reserve(&state.resources, "the run", run.device_bytes());
+                let results = match reserved {
+                    Ok(_reserved) => {
+                        execute(&state, &program, &run, handle, &options, &from).map_err(Into::into)
+                    }
+                    Err(refused) => Err(refused),
+                };
                 state.runs.executed(started);
                 reply(&state, &from, results);
             })
@@ -186,9 +199,9 @@ fn execute(
 
 /// Replies with a run's results or its error, and counts it: every run that got past its
 /// lookups ends here, once.
-fn reply(state: &State, from: &From, results: Result<Vec<Term>, XlaError>) {
+fn reply(state: &State, from: &From, results: Result<Vec<Term>, RequestError>) {
     state.runs.record(results.is_err());
-    state.reply_result(from, results.map(list).map_err(RequestError::from));
+    state.reply_result(from, results.map(list));
 }
 
 fn run_args(args: Term) -> Result<Vec<RunArg>, RequestError> {

@@ -6,6 +6,7 @@
 //! requests; each part is immutable or synchronized on its own. Its methods are what every
 //! request family needs: replying, registering and looking up resources, releasing them.
 
+use super::device_budget::DeviceBudget;
 use super::error::{ErrorTally, RequestError};
 use super::kernels::KernelPolicy;
 use super::resources::{Owner, Resource, Resources};
@@ -30,6 +31,8 @@ pub struct State {
     pub dispatcher: Arc<Dispatcher>,
     pub scheduler: Arc<Scheduler>,
     pub resources: Resources,
+    /// `--max-device-bytes`, and the bytes of transfers and runs in flight.
+    pub device_budget: DeviceBudget,
     pub runs: RunTally,
     /// How long each compile request took on its executor thread (cache hits included).
     pub compile_time: Histogram,

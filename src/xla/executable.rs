@@ -255,6 +255,11 @@ impl Executable {
         &self.parameters
     }
 
+    /// Result types, in order: what a run leaves on the device.
+    pub fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+
     /// Whether `buffer` lives on this executable's client (a buffer of another client cannot
     /// be an argument).
     pub(super) fn owns(&self, buffer: &Buffer) -> bool {

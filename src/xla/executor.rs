@@ -8,6 +8,13 @@
 //! Concurrent first compiles of the same program may both compile (the first
 //! to finish wins the cache slot); that only costs time.
 //!
+//! The cache is bounded: beyond `max_cached` executables, the least recently
+//! used ones that nobody else holds (their `Arc` is the cache's alone: every
+//! owner freed it, or died) are evicted, and so destroyed, at the next compile.
+//! An executable still held is never evicted, so the cache may exceed the bound
+//! while its owners keep more than that many alive; a service compiling a new
+//! program per input shape no longer grows without end.
+//!
 //! Worker pool: an elastic pool of std threads sharing one FIFO queue. It
 //! keeps `max(2, cores)` threads alive and, whenever a job is queued while no
 //! worker is idle, starts another thread, up to 256; extra threads exit after
@@ -67,6 +74,8 @@ pub struct ExecutorStats {
     pub compile_errors: u64,
     /// Executables in the cache.
     pub cached: usize,
+    /// Executables evicted from the cache (and destroyed) to keep it within its bound.
+    pub evictions: u64,
     /// Worker threads alive.
     pub workers: usize,
     /// Jobs waiting for a worker.
@@ -75,9 +84,65 @@ pub struct ExecutorStats {
 
 type CacheKey = ([u8; 32], usize);
 
+/// How many executables the cache keeps unless told otherwise.
+pub const DEFAULT_MAX_CACHED: usize = 256;
+
+/// The compile cache: executables by content, each with when it was last asked for.
+#[derive(Default)]
+struct Cache {
+    entries: HashMap<CacheKey, (Arc<Executable>, u64)>,
+    /// Advances on every lookup and insert: a larger stamp is a more recent use.
+    clock: u64,
+}
+
+impl Cache {
+    fn get(&mut self, key: &CacheKey) -> Option<Arc<Executable>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(key).map(|(exe, used)| {
+            *used = clock;
+            exe.clone()
+        })
+    }
+
+    /// Stores `exe` unless the key already has one (a concurrent compile won), and returns
+    /// the cached one.
+    fn insert(&mut self, key: CacheKey, exe: Arc<Executable>) -> Arc<Executable> {
+        self.clock += 1;
+        let clock = self.clock;
+        let (cached, used) = self.entries.entry(key).or_insert((exe, clock));
+        *used = clock;
+        cached.clone()
+    }
+
+    /// Takes out the least recently used executables that only the cache holds, until at most
+    /// `max` remain (or none is left to take); the caller drops them outside the lock.
+    fn evict_beyond(&mut self, max: usize) -> Vec<Arc<Executable>> {
+        let excess = self.entries.len().saturating_sub(max);
+        if excess == 0 {
+            return Vec::new();
+        }
+        let mut unheld: Vec<(u64, CacheKey)> = self
+            .entries
+            .iter()
+            .filter(|(_, (exe, _))| Arc::strong_count(exe) == 1)
+            .map(|(key, (_, used))| (*used, *key))
+            .collect();
+        unheld.sort_unstable();
+        unheld
+            .into_iter()
+            .take(excess)
+            .filter_map(|(_, key)| self.entries.remove(&key).map(|(exe, _)| exe))
+            .collect()
+    }
+}
+
 struct Inner {
     client: Client,
-    cache: Mutex<HashMap<CacheKey, Arc<Executable>>>,
+    cache: Mutex<Cache>,
+    /// Executables the cache keeps beyond those still held (see the module's doc).
+    max_cached: usize,
+    evictions: AtomicU64,
     compiles: AtomicU64,
     cache_hits: AtomicU64,
     compile_errors: AtomicU64,
@@ -105,12 +170,20 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
-    /// An executor for `client`, with its worker pool.
+    /// An executor for `client`, with its worker pool and a cache of
+    /// [`DEFAULT_MAX_CACHED`] executables.
     pub fn new(client: Client) -> Executor {
+        Executor::with_cache_bound(client, DEFAULT_MAX_CACHED)
+    }
+
+    /// An executor whose cache keeps at most `max_cached` executables that nobody holds.
+    pub fn with_cache_bound(client: Client, max_cached: usize) -> Executor {
         Executor {
             inner: Arc::new(Inner {
                 client,
-                cache: Mutex::new(HashMap::new()),
+                cache: Mutex::new(Cache::default()),
+                max_cached,
+                evictions: AtomicU64::new(0),
                 compiles: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
                 compile_errors: AtomicU64::new(0),
@@ -137,7 +210,7 @@ impl Executor {
         let key: CacheKey = (hasher.finalize().into(), program.len());
         if let Some(exe) = self.lock_cache().get(&key) {
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((exe.clone(), true));
+            return Ok((exe, true));
         }
         let compiled = self.inner.client.compile_with_options(&program, &options);
         let counter = match compiled {
@@ -146,12 +219,20 @@ impl Executor {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let exe = Arc::new(compiled?);
-        let mut cache = self.lock_cache();
-        let exe = cache.entry(key).or_insert(exe).clone();
+        let (exe, evicted) = {
+            let mut cache = self.lock_cache();
+            let exe = cache.insert(key, exe);
+            (exe, cache.evict_beyond(self.inner.max_cached))
+        };
+        self.inner
+            .evictions
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        // Destroyed here, outside the lock: a PJRT call on this (executor) thread.
+        drop(evicted);
         Ok((exe, false))
     }
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Arc<Executable>>> {
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.inner.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -167,7 +248,8 @@ impl Executor {
             compiles: self.inner.compiles.load(Ordering::Relaxed),
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
             compile_errors: self.inner.compile_errors.load(Ordering::Relaxed),
-            cached: self.lock_cache().len(),
+            cached: self.lock_cache().entries.len(),
+            evictions: self.inner.evictions.load(Ordering::Relaxed),
             workers,
             queued,
         }

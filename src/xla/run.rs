@@ -82,6 +82,22 @@ impl Run {
         Ok(Run { exe, args })
     }
 
+    /// Bytes this run puts on the device beyond the buffers it names: its host arguments,
+    /// copied there for the run, and its results. Known before anything is allocated, so a
+    /// caller can refuse a run that would not fit.
+    pub fn device_bytes(&self) -> u64 {
+        let uploaded: usize = self
+            .args
+            .iter()
+            .map(|arg| match arg {
+                Argument::Host(t) => t.data.len(),
+                Argument::Device(_) => 0,
+            })
+            .sum();
+        let results: usize = self.exe.outputs().iter().map(|o| o.byte_size()).sum();
+        (uploaded + results) as u64
+    }
+
     /// Executes on the client's first device and waits for the results, one buffer each.
     pub fn execute(&self) -> Result<Vec<Buffer>, XlaError> {
         self.execute_observed(&mut |_| {})

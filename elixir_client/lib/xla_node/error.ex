@@ -7,8 +7,10 @@ defmodule XlaNode.Error do
 
     * `:kind` - an atom that says what went wrong:
       * errors the node reports: `:argument_error`, `:compile_error`, `:runtime_error`,
-        `:timeout` (a run that waited longer than its `:queue_timeout` for a place), and any
-        other kind a node may send, e.g. `:bad_request`;
+        `:timeout` (a run that waited longer than its `:queue_timeout` for a place),
+        `:resource_exhausted` (a transfer or run that would take the device past the node's
+        `--max-device-bytes`; it succeeds once buffers are freed), and any other kind a node may
+        send, e.g. `:bad_request`;
       * errors of the call itself, when the node could not be asked or did not answer:
         `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
         `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
@@ -30,6 +32,7 @@ defmodule XlaNode.Error do
           :argument_error
           | :compile_error
           | :runtime_error
+          | :resource_exhausted
           | :noproc
           | :nodedown
           | :timeout

@@ -61,14 +61,44 @@ defmodule XlaNode.Load do
   end
 
   @doc "Each f32 of `bin` plus one."
-  def plus_one(bin), do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>)
+  def plus_one(bin),
+    do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>)
 
   @doc "Each f32 of `bin` times two."
-  def times_two(bin), do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v * 2.0::float-32-little>>)
+  def times_two(bin),
+    do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v * 2.0::float-32-little>>)
 
   @doc "`n` f32 values starting at `first`, as a tensor term."
   def f32(first, n) do
     {for(i <- 0..(n - 1), into: <<>>, do: <<first + i * 1.0::float-32-little>>), {{:f, 32}, [n]}}
+  end
+
+  @doc """
+  Starts a task that runs the `x + 1` program `exe` (`plus_one_program/0`) over and over,
+  checking each result, until `stop_runs/1`: load that must go on while the test does something
+  to the node.
+  """
+  def start_runs(node, exe), do: Task.async(fn -> run_loop(node, exe, 0, 0) end)
+
+  @doc "Stops a `start_runs/2` task; returns `{runs that succeeded, runs that did not}`."
+  def stop_runs(task) do
+    send(task.pid, :stop)
+    Task.await(task, 2 * @call_timeout)
+  end
+
+  defp run_loop(node, exe, ok, failed) do
+    receive do
+      :stop -> {ok, failed}
+    after
+      0 ->
+        {bin, _} = x = f32(ok, 4)
+        expected = plus_one(bin)
+
+        case GenServer.call({:xla, node.name}, {:run, exe, [x]}, 10_000) do
+          {:ok, [{^expected, _}]} -> run_loop(node, exe, ok + 1, failed)
+          _ -> run_loop(node, exe, ok, failed + 1)
+        end
+    end
   end
 
   @doc """
@@ -80,7 +110,9 @@ defmodule XlaNode.Load do
     deadline = System.monotonic_time(:millisecond) + duration_ms
 
     1..clients
-    |> Enum.map(fn c -> Task.async(fn -> client_loop(node, mix, deadline, c * 1000, 0, %{}) end) end)
+    |> Enum.map(fn c ->
+      Task.async(fn -> client_loop(node, mix, deadline, c * 1000, 0, %{}) end)
+    end)
     |> Enum.map(&Task.await(&1, duration_ms + 3 * @call_timeout))
     |> Enum.reduce(%{ok: 0, failed: 0, failures: [], by_kind: %{}}, &merge/2)
   end
@@ -91,7 +123,9 @@ defmodule XlaNode.Load do
   """
   def burst(node, exe, server, count) do
     1..count
-    |> Enum.map(fn i -> Task.async(fn -> tally(%{}, :burst, request(node, {:callback, exe, server}, i)) end) end)
+    |> Enum.map(fn i ->
+      Task.async(fn -> tally(%{}, :burst, request(node, {:callback, exe, server}, i)) end)
+    end)
     |> Enum.map(&Task.await(&1, 3 * @call_timeout))
     |> Enum.reduce(%{ok: 0, failed: 0, failures: [], by_kind: %{}}, &merge/2)
   end
@@ -133,12 +167,17 @@ defmodule XlaNode.Load do
   end
 
   defp check({:ok, [{bin, _}]}, bin), do: :ok
-  defp check({:ok, [{other, _}]}, _expected), do: {:error, {:wrong_result, binary_part(other, 0, min(16, byte_size(other)))}}
+
+  defp check({:ok, [{other, _}]}, _expected),
+    do: {:error, {:wrong_result, binary_part(other, 0, min(16, byte_size(other)))}}
+
   defp check({:exit, {reason, _}}, _), do: {:error, {:exit, reason}}
   defp check(other, _), do: {:error, other}
 
   defp tally(acc, kind, :ok) do
-    acc |> Map.update(:ok, 1, &(&1 + 1)) |> Map.update(:by_kind, %{kind => 1}, &Map.update(&1, kind, 1, fn n -> n + 1 end))
+    acc
+    |> Map.update(:ok, 1, &(&1 + 1))
+    |> Map.update(:by_kind, %{kind => 1}, &Map.update(&1, kind, 1, fn n -> n + 1 end))
   end
 
   defp tally(acc, kind, {:error, what}) do
