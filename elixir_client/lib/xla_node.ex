@@ -387,9 +387,13 @@ defmodule XlaNode do
   # The metadata of a call's telemetry events: where it goes, what the call adds, and the
   # caller's own.
   defp telemetry_metadata(server, opts, own) do
-    target = server(server)
+    # A pool picks the node per call: the call itself names none.
+    {node, target} =
+      if XlaNode.Pool.pool?(server),
+        do: {nil, server},
+        else: {Telemetry.node_of(server(server)), server(server)}
 
-    %{node: Telemetry.node_of(target), server: target}
+    %{node: node, server: target}
     |> Map.merge(own)
     |> Map.merge(Keyword.get(opts, :telemetry_metadata, %{}))
   end

@@ -133,4 +133,17 @@ defmodule XlaNode.NxPoolTest do
     assert error.kind == :gone
     assert error.message =~ inspect(node(a.data.buffer))
   end
+
+  test "a run through a pool names the pool, not a node, in its :telemetry metadata", %{
+    pool: pool
+  } do
+    ref = :telemetry_test.attach_event_handlers(self(), [[:xla_node, :run, :start]])
+    on_exit(fn -> :telemetry.detach(ref) end)
+
+    f = Nx.Defn.jit(&Nx.add(&1, 5), compiler: XlaNode.Compiler, node: pool)
+    assert Nx.to_flat_list(f.(Nx.tensor([1.0]))) == [6.0]
+
+    assert_receive {[:xla_node, :run, :start], ^ref, _measurements, metadata}
+    assert %{node: nil, server: ^pool} = metadata
+  end
 end
