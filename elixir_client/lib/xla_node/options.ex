@@ -25,15 +25,18 @@ defmodule XlaNode.Options do
           | :integer_pairs
           | :dimension_layout
           | :attributes
+          | :node
+          | :any
           | {:in, [term()]}
 
   @doc """
   Returns `opts` when it is a keyword list whose keys are all in `spec` (`[key: kind]`) and whose
   values are of their key's kind; raises `ArgumentError` otherwise. `function` names the caller
-  in the message, e.g. `"XlaNode.run/4"`.
+  in the message, e.g. `"XlaNode.run/4"`; `note`, if given, ends the message about an unknown
+  option (where such options may come from). `XlaNode.Compiler` checks its options here too.
   """
-  @spec validate!(keyword(), String.t(), [{atom(), kind()}]) :: keyword()
-  def validate!(opts, function, spec) do
+  @spec validate!(keyword(), String.t(), [{atom(), kind()}], String.t() | nil) :: keyword()
+  def validate!(opts, function, spec, note \\ nil) do
     unless is_list(opts) and Enum.all?(opts, &match?({key, _} when is_atom(key), &1)) do
       raise ArgumentError, "#{function}: options must be a keyword list, got: #{inspect(opts)}"
     end
@@ -48,7 +51,8 @@ defmodule XlaNode.Options do
           end
 
         nil ->
-          raise ArgumentError, unknown_message(function, key, Keyword.keys(spec))
+          raise ArgumentError,
+                unknown_message(function, key, Keyword.keys(spec)) <> if(note, do: note, else: "")
       end
     end
 
@@ -88,6 +92,8 @@ defmodule XlaNode.Options do
   defp valid?(:pos_integer, value), do: is_integer(value) and value > 0
   defp valid?(:integers, value), do: is_list(value) and Enum.all?(value, &is_integer/1)
   defp valid?({:in, values}, value), do: value in values
+  defp valid?(:node, value), do: is_pid(value) or plain_atom?(value)
+  defp valid?(:any, _value), do: true
 
   defp valid?(:name, value) do
     case value do
@@ -138,5 +144,7 @@ defmodule XlaNode.Options do
   defp describe(:integer_pairs), do: "a list of {integer, integer}"
   defp describe(:dimension_layout), do: "{dimension, dimension, [dimension]}, integers"
   defp describe(:attributes), do: "a list of {name, attribute text}"
+  defp describe(:node), do: "a node name (an atom) or an XlaNode.Pool (its name or pid)"
+  defp describe(:any), do: "any term"
   defp describe({:in, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)
 end
