@@ -270,10 +270,8 @@ defmodule XlaNode.Compiler do
   defp from_client(results, {structure, templates}, node) do
     tensors =
       Enum.zip_with(results, templates, fn
-        {bin, _}, template ->
-          bin
-          |> Nx.from_binary(template.type, backend: Nx.BinaryBackend)
-          |> Nx.reshape(template.shape, names: template.names)
+        {data, _}, template ->
+          Transfer.host_tensor(template, data)
 
         buffer, template when is_reference(buffer) ->
           Transfer.wrap(template, node, buffer)
