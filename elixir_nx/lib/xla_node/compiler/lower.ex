@@ -208,7 +208,8 @@ defmodule XlaNode.Compiler.Lower do
         {op, int} when op in [:floor, :ceil, :round] and int in [:signed, :unsigned] -> v
         {:sign, :unsigned} -> M.select(M.compare(:eq, v, zero(v)), v, one(v))
         {:cbrt, :complex} -> complex_cbrt(v)
-        _ -> apply(M, @unary[op], [v])
+        {op, _} when op in [:population_count, :count_leading_zeros] -> count_bits(op, v)
+        _ -> in_wide(op, ans.type, [v], &apply(M, @unary[op], &1))
       end
 
     {value, state}
@@ -274,7 +275,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [a, b], ans, state) when is_map_key(@arith, op) do
     {[va, vb], state} = operands([a, b], ans.type, ans, state)
-    {apply(M, @arith[op], [va, vb]), state}
+    {in_wide(op, ans.type, [va, vb], &apply(M, @arith[op], &1)), state}
   end
 
   # XLA's integer power is wrong for large exponents ((-3)^100 in s16 came out -14639, not
@@ -285,7 +286,7 @@ defmodule XlaNode.Compiler.Lower do
 
     if M.category(ans.type) in [:signed, :unsigned],
       do: {integer_pow(va, vb), state},
-      else: {M.power(va, vb), state}
+      else: {in_wide(:pow, ans.type, [va, vb], &apply(M, :power, &1)), state}
   end
 
   # XLA's CPU maximum and minimum can drop a NaN second operand; Nx's propagate NaN from either.
@@ -456,6 +457,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [x, opts], ans, state) when op in [:argmax, :argmin] do
     {v, state} = lower(x, state)
+    v = cast(v, computed_in(:argmax, elem_type(v)))
     {elem, in_dims} = v.type
 
     {v, axis, in_dims} =
@@ -851,15 +853,43 @@ defmodule XlaNode.Compiler.Lower do
 
   ## Where XLA's CPU backend needs wider elements
 
-  # The element type `op` runs in on the node for a result (or operand) of `type`:
-  #   * XLA's CPU backend cannot concatenate, sort, dot or convolve 2-bit integers, nor take the
-  #     top_k of 2- or 4-bit ones (XlaNode.MLIR raises on them);
-  #   * it compiles a transpose that it makes a copy of 2- or 4-bit integers (as for a result
-  #     among several, or around a gather or scatter) to a copy that throws, aborting the node;
-  # those run on 8-bit integers of the same signedness, narrowing back after wraps as Nx does.
+  @f8_math (Map.keys(@unary) -- [:negate, :sign, :floor, :ceil, :round, :bitwise_not]) ++
+             [:divide, :remainder, :atan2, :pow]
+
+  # XLA counts the bits of a 2- or 4-bit integer as those of its sign-extended byte: count
+  # those of its zero-extended bit pattern.
+  defp count_bits(op, v) do
+    case elem_type(v) do
+      {_, bits} = type when bits < 8 ->
+        counted = v |> M.bitcast_convert({:u, bits}) |> cast({:u, 8}) |> then(&apply(M, op, [&1]))
+
+        counted =
+          if op == :count_leading_zeros,
+            do: M.subtract(counted, M.constant(8 - bits, counted.type)),
+            else: counted
+
+        cast(counted, type)
+
+      _ ->
+        apply(M, op, [v])
+    end
+  end
+
+  # The element type `op` runs in on the node for a result (or operand) of `type`. XLA's CPU
+  # backend
+  #   * cannot concatenate, sort, dot or convolve 2-bit integers, nor take the top_k of 2- or
+  #     4-bit ones (XlaNode.MLIR raises on them), nor compile an argmax or argmin (a reduce of
+  #     two operands) of 2-bit ones;
+  #   * compiles a transpose of 2- or 4-bit integers that it makes a copy (as for a result among
+  #     several, or around a gather or scatter) to a copy that throws, aborting the node;
+  # those run on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It
+  #   * has no erfc of 8-bit floats and loses the sign of a zero in their atan2:
+  # their math runs on f32, rounded once at the end, as Nx rounds each op's exact result.
   defp computed_in(op, {kind, 2})
-       when op in [:concatenate, :sort, :dot, :conv] and kind in [:s, :u],
+       when op in [:concatenate, :sort, :dot, :conv, :argmax] and kind in [:s, :u],
        do: {kind, 8}
+
+  defp computed_in(op, {f8, 8}) when f8 in [:f, :f8_e4m3fn] and op in @f8_math, do: {:f, 32}
 
   defp computed_in(op, {kind, bits})
        when op in [:top_k, :transpose, :gather, :scatter] and kind in [:s, :u] and bits < 8,
@@ -1041,16 +1071,20 @@ defmodule XlaNode.Compiler.Lower do
 
   defp elem_type(%{type: {elem, _}}), do: elem
 
+  # A convert to or from a 2- or 4-bit integer goes behind an optimization barrier: XLA would
+  # move a transpose across it onto the narrow type (see computed_in/2), and it widens the
+  # result of arithmetic on one without wrapping it first (s4 -8 - 1 converted to s8 was -9).
   defp cast(value, type) do
     type = type!(type)
 
     cond do
       elem_type(value) == type -> value
-      # XLA would move a transpose (see computed_in/2) across the convert onto the narrow type.
-      bits(type) < 8 -> value |> M.optimization_barrier() |> hd() |> M.convert(type)
+      min(bits(type), bits(elem_type(value))) < 8 -> value |> barrier() |> M.convert(type)
       true -> M.convert(value, type)
     end
   end
+
+  defp barrier(value), do: value |> M.optimization_barrier() |> hd()
 
   defp bits({_, bits}), do: bits
 
