@@ -284,8 +284,9 @@ defmodule XlaNode.OpsTest do
       end
 
     {[{:f8_e4m3fn, 8}], ref,
-     "Nx.BinaryBackend pads f8_e4m3fn wrongly (Nx.pad of [1.0, 2.0, 3.0] by one 0 each side " <>
-       "gives [0, 0, 0, 0, 1.0]): padded on f32 and rounded instead"}
+     "Nx.BinaryBackend's pad of f8_e4m3fn by a number writes the pad value as the result " <>
+       "type (f32: Nx.Type.merge_number({:f8_e4m3fn, 8}, 0)) into the f8 data, and keeps " <>
+       "the f8 type: padded on f32 and rounded instead"}
   end
 
   # count_leading_zeros of a 2- or 4-bit integer: that of its zero-extended byte, less the 4
