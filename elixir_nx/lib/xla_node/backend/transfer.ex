@@ -34,7 +34,8 @@ defmodule XlaNode.Backend.Transfer do
   """
   def host_tensor(%Nx.Tensor{type: type, shape: shape, names: names}, data)
       when is_bitstring(data),
-      do: Nx.BinaryBackend.from_binary(%Nx.Tensor{type: type, shape: shape, names: names}, data, [])
+      do:
+        Nx.BinaryBackend.from_binary(%Nx.Tensor{type: type, shape: shape, names: names}, data, [])
 
   @doc "`template` (a tensor or its template) holding `buffer` on `node`; noted in the scope."
   def wrap(template, node, buffer), do: %{template | data: data(node, buffer)}

@@ -7,7 +7,9 @@ defmodule XlaNode.Compiler.Lower do
   for the result and broadcast to its shape, comparisons and logical ops produce `u8` 0/1, and
   reductions, windows, gathers and scatters get their regions and dimension numbers.
   `runtime_call` and hooks become EXLA's `exla_runtime_callback` custom calls; the module's
-  first parameter is then the callback handle, which the node supplies.
+  first parameter is then the callback handle, which the node supplies. Ops XLA's CPU backend
+  cannot compute on the 2- and 4-bit integers or the 8-bit floats run on a wider type (see
+  "Where XLA's CPU backend needs wider elements" below).
 
   An op this module cannot lower raises `ArgumentError` naming it, at compile time.
   """
