@@ -822,20 +822,14 @@ defmodule XlaNode.OpsTest do
     end
   end
 
-  defn ops_while(x) do
-    {_, out} =
-      while {i = 0, x}, i < 3 do
-        {i + 1, x + x}
-      end
-
-    out
-  end
-
   defp control do
     [
       c(:cond, @all, &ops_cond/1, inputs: [:x, :s, :m]),
-      c(:while, @all, &ops_while/1, inputs: [:x, :s], domain: no_overflow(&(&1 * 8))),
-      c(:elem, @all, &ops_while/1, inputs: [:s]),
+      c(:while, @all, &XlaNode.NxTest.Loop.doubled_three_times/1,
+        inputs: [:x, :s],
+        domain: no_overflow(&(&1 * 8))
+      ),
+      c(:elem, @all, &XlaNode.NxTest.Loop.doubled_three_times/1, inputs: [:s]),
       c(:fun, @all, &Nx.reduce(&1, 0, fn a, b -> Nx.add(a, b) end), inputs: [:m])
     ]
   end

@@ -10,8 +10,6 @@ defmodule XlaNode.TypesTest do
   # Not async: XlaNode.Backend's tensors stay on the node, and other tests count its buffers.
   use ExUnit.Case, async: false
 
-  import Nx.Defn
-
   @moduletag timeout: 300_000
 
   @int [s: 2, s: 4, u: 2, u: 4]
@@ -108,7 +106,7 @@ defmodule XlaNode.TypesTest do
       window_max: &Nx.window_max(&1.x, {1, 2, 2}, strides: [1, 1, 2]),
       cumulative_sum: &Nx.cumulative_sum(&1.x, axis: 2),
       cumulative_max: &Nx.cumulative_max(&1.x, axis: 1),
-      while: &doubled_three_times(&1.x)
+      while: &XlaNode.NxTest.Loop.doubled_three_times(&1.x)
     ]
 
     if int? do
@@ -143,16 +141,6 @@ defmodule XlaNode.TypesTest do
     do: Nx.as_type(Nx.abs(x), c)
 
   defp to_classic(x, c), do: Nx.as_type(x, c)
-
-  # A loop: x doubled three times (wrapping for integers).
-  defn doubled_three_times(x) do
-    {_, x} =
-      while {i = 0, x}, i < 3 do
-        {i + 1, x + x}
-      end
-
-    x
-  end
 
   ## Comparing
 
