@@ -21,11 +21,11 @@ defmodule XlaNode.Compiler do
 
   Every Nx type, `s2`, `s4`, `u2`, `u4`, `f8` (E5M2) and `f8_e4m3fn` included. Where XLA's CPU
   backend cannot compute an op on the 2- and 4-bit integers (or would abort on it), the op runs
-  on 8-bit integers and narrows back, wrapping as Nx does; 8-bit float math runs on `f32` and is
-  rounded once (see `XlaNode.Compiler.Lower`). Integer results are Nx's bit for bit; 8-bit float
-  results differ from `Nx.BinaryBackend`'s only where Nx rounds otherwise (it truncates to `f8`,
-  rounds `f8_e4m3fn` ties away from zero and saturates its overflow to ±448, where XLA rounds to
-  nearest even and gives NaN), as EXLA's do.
+  on 8-bit integers and narrows back, wrapping as Nx does; `erfc` of 8-bit floats, which XLA
+  lacks, runs on `f32` (see `XlaNode.Compiler.Lower`). Integer results are Nx's bit for bit;
+  8-bit float results differ from `Nx.BinaryBackend`'s only where Nx rounds otherwise (it
+  truncates to `f8`, rounds `f8_e4m3fn` ties away from zero and saturates its overflow to ±448,
+  where XLA rounds to nearest even and gives NaN), as EXLA's do.
 
   ## Options
 

@@ -855,9 +855,6 @@ defmodule XlaNode.Compiler.Lower do
 
   ## Where XLA's CPU backend needs wider elements
 
-  @f8_math (Map.keys(@unary) -- [:negate, :sign, :floor, :ceil, :round, :bitwise_not]) ++
-             [:divide, :remainder, :atan2, :pow]
-
   # XLA counts the bits of a 2- or 4-bit integer as those of its sign-extended byte: count
   # those of its zero-extended bit pattern.
   defp count_bits(op, v) do
@@ -885,13 +882,12 @@ defmodule XlaNode.Compiler.Lower do
   #   * compiles a transpose of 2- or 4-bit integers that it makes a copy (as for a result among
   #     several, or around a gather or scatter) to a copy that throws, aborting the node;
   # those run on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It
-  #   * has no erfc of 8-bit floats and loses the sign of a zero in their atan2:
-  # their math runs on f32, rounded once at the end, as Nx rounds each op's exact result.
+  # has no erfc of 8-bit floats: theirs runs on f32.
   defp computed_in(op, {kind, 2})
        when op in [:concatenate, :sort, :dot, :conv, :argmax] and kind in [:s, :u],
        do: {kind, 8}
 
-  defp computed_in(op, {f8, 8}) when f8 in [:f, :f8_e4m3fn] and op in @f8_math, do: {:f, 32}
+  defp computed_in(:erfc, {f8, 8}) when f8 in [:f, :f8_e4m3fn], do: {:f, 32}
 
   defp computed_in(op, {kind, bits})
        when op in [:top_k, :transpose, :gather, :scatter] and kind in [:s, :u] and bits < 8,
