@@ -539,14 +539,6 @@ defmodule XlaNode.CompilerTest do
     assert_hook_overridden([])
   end
 
-  test "types the node has not raise when the function is compiled" do
-    assert_raise ArgumentError, ~r/cannot run tensors of type \{:s, 4\}/, fn ->
-      Nx.Defn.jit(&Nx.add(&1, &1), compiler: XlaNode.Compiler, node: xla()).(
-        Nx.tensor([1, 2], type: :s4)
-      )
-    end
-  end
-
   test "keep_on_device: results stay on the node between calls" do
     {:ok, %{buffers: b0}} = GenServer.call({:xla, xla()}, :info)
 

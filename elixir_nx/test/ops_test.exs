@@ -19,10 +19,12 @@ defmodule XlaNode.OpsTest do
 
   alias XlaNode.Compiler.Lower
 
-  @signed [{:s, 8}, {:s, 16}, {:s, 32}, {:s, 64}]
-  @unsigned [{:u, 8}, {:u, 16}, {:u, 32}, {:u, 64}]
+  @signed [{:s, 2}, {:s, 4}, {:s, 8}, {:s, 16}, {:s, 32}, {:s, 64}]
+  @unsigned [{:u, 2}, {:u, 4}, {:u, 8}, {:u, 16}, {:u, 32}, {:u, 64}]
   @int @signed ++ @unsigned
-  @float [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}]
+  @narrow_int [{:s, 2}, {:s, 4}, {:u, 2}, {:u, 4}]
+  @f8 [{:f, 8}, {:f8_e4m3fn, 8}]
+  @float [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}] ++ @f8
   @complex [{:c, 64}, {:c, 128}]
   @real @int ++ @float
   @all @real ++ @complex
@@ -47,15 +49,29 @@ defmodule XlaNode.OpsTest do
     z
   end
 
-  # Edge values of each type: zeros, ones, the type's limits, non-finite values.
-  defp edge({:s, bits}) do
+  # Edge values of each type: zeros, ones, the type's limits, non-finite values (those in the
+  # range of a 2- or 4-bit type).
+  defp edge({:s, bits} = type) do
     max = Bitwise.bsl(1, bits - 1) - 1
-    [0, 1, -1, 2, -3, 7, 100, -max - 1, -max, max]
+    in_range(type, [0, 1, -1, 2, -3, 7, 100, -max - 1, -max, max])
   end
 
-  defp edge({:u, bits}) do
+  defp edge({:u, bits} = type) do
     max = Bitwise.bsl(1, bits) - 1
-    [0, 1, 2, 3, 7, 100, div(max, 2) + 1, max - 1, max]
+    in_range(type, [0, 1, 2, 3, 7, 100, div(max, 2) + 1, max - 1, max])
+  end
+
+  # (8-bit floats: values they hold, -3.5 and 96.0 for -7.25 and 100.0; f8_e4m3fn has no
+  # infinities, and two more values in their place keep one NaN in the 24 of edge_grid/2:
+  # of two NaNs, Nx.BinaryBackend's argmax picks the last.)
+  defp edge({:f, 8} = type) do
+    [0.0, neg_zero(), 1.0, -1.0, 0.5, -1.5, 2.5, 3.0, -3.5, 96.0] ++
+      [max_finite(type), :infinity, :neg_infinity, :nan]
+  end
+
+  defp edge({:f8_e4m3fn, _} = type) do
+    [0.0, neg_zero(), 1.0, -1.0, 0.5, -1.5, 2.5, 3.0, -3.5, 96.0, 0.25] ++
+      [-max_finite(type), max_finite(type), :nan]
   end
 
   defp edge({kind, _} = type) when kind in [:f, :bf] do
@@ -80,11 +96,28 @@ defmodule XlaNode.OpsTest do
   defp max_finite(type),
     do: type |> Nx.Constants.max_finite(backend: Nx.BinaryBackend) |> Nx.to_number()
 
+  defp in_range({kind, bits}, values) do
+    {lo, hi} = int_range({kind, bits})
+    values |> Enum.filter(&(&1 in lo..hi)) |> Enum.uniq()
+  end
+
+  defp int_range({:s, bits}), do: {-Bitwise.bsl(1, bits - 1), Bitwise.bsl(1, bits - 1) - 1}
+  defp int_range({:u, bits}), do: {0, Bitwise.bsl(1, bits) - 1}
+
+  # An integer taken into the range of `type`, as it wraps.
+  defp wrap(value, {_, bits} = type) do
+    {lo, _} = int_range(type)
+    Integer.mod(value - lo, Bitwise.bsl(1, bits)) + lo
+  end
+
+  defp scalar({:s, 2}), do: -2
   defp scalar({:s, _}), do: -3
+  defp scalar({:u, 2}), do: 3
   defp scalar({:u, _}), do: 7
   defp scalar({:c, _}), do: Complex.new(1.0, -2.0)
   defp scalar(_), do: -1.5
 
+  defp three({:s, 2}), do: 1
   defp three({kind, _}) when kind in [:s, :u], do: 3
   defp three(_), do: 3.0
 
@@ -94,8 +127,8 @@ defmodule XlaNode.OpsTest do
       a = rem(i * 7, 11)
 
       case type do
-        {:s, _} -> a - 5
-        {:u, _} -> a
+        {:s, _} -> wrap(a - 5, type)
+        {:u, _} -> wrap(a, type)
         {:c, _} -> Complex.new((a - 5) / 4, (rem(i * 5, 7) - 3) / 2)
         _ -> (a - 5) / 4
       end
@@ -209,10 +242,63 @@ defmodule XlaNode.OpsTest do
   defp values(c, type), do: Enum.filter(edge(type), &ok?(c, [&1]))
 
   defp ok?(c, args), do: in_domain?(c, args) and not excepted?(c, args)
+
+  # The case as it runs on `type`: its `:except_on` predicates for `type` join its `:except`.
+  defp for_type(c, type) do
+    Enum.reduce(c.except_on, c, fn
+      {types, pred, why}, c when is_list(types) ->
+        if type in types, do: %{c | except: either(c.except, {pred, why})}, else: c
+    end)
+  end
+
+  defp either(nil, except), do: except
+
+  defp either({p, w}, {q, why}) do
+    case Function.info(p, :arity) do
+      {:arity, 1} -> {&(p.(&1) or q.(&1)), w <> "; " <> why}
+      {:arity, 2} -> {&(p.(&1, &2) or q.(&1, &2)), w <> "; " <> why}
+    end
+  end
+
   defp in_domain?(%{domain: nil}, _args), do: true
   defp in_domain?(%{domain: domain}, args), do: apply(domain, args)
   defp excepted?(%{except: nil}, _args), do: false
   defp excepted?(%{except: {pred, _why}}, args), do: apply(pred, args)
+
+  ## Quirks of Nx.BinaryBackend on the newer types
+
+  defp scalar_bug,
+    do:
+      "Nx.BinaryBackend broadcasts a 2- or 4-bit scalar with :binary.copy/2, which takes " <>
+        "whole bytes only (it raises)"
+
+  # `fun` on f32 copies of the arguments, its result rounded to the type `fun` gives (the
+  # traced `fun` of the arguments, unused, is not computed).
+  defp e4m3fn_pad_bug(fun) do
+    {:arity, arity} = Function.info(fun, :arity)
+
+    ref =
+      case arity do
+        1 -> &Nx.as_type(fun.(Nx.as_type(&1, :f32)), fun.(&1).type)
+        2 -> &Nx.as_type(fun.(Nx.as_type(&1, :f32), Nx.as_type(&2, :f32)), fun.(&1, &2).type)
+      end
+
+    {[{:f8_e4m3fn, 8}], ref,
+     "Nx.BinaryBackend's pad of f8_e4m3fn by a number writes the pad value as the result " <>
+       "type (f32: Nx.Type.merge_number({:f8_e4m3fn, 8}, 0)) into the f8 data, and keeps " <>
+       "the f8 type: padded on f32 and rounded instead"}
+  end
+
+  # count_leading_zeros of a 2- or 4-bit integer: that of its zero-extended byte, less the 4
+  # or 6 zeros that adds.
+  defp narrow_clz(%{type: {_, bits} = type} = x) do
+    x
+    |> Nx.bitcast({:u, bits})
+    |> Nx.as_type(:u8)
+    |> Nx.count_leading_zeros()
+    |> Nx.subtract(8 - bits)
+    |> Nx.as_type(type)
+  end
 
   ## The table
 
@@ -220,6 +306,7 @@ defmodule XlaNode.OpsTest do
   #   * `:inputs` - the kinds of input (default `[:x, :s]`, or `[:xy, :xs, :sx]` for arity 2)
   #   * `:domain` - a predicate on an element (or a pair): where Nx defines the result
   #   * `:except` - `{predicate, why}`: elements (or pairs) left out, and why
+  #   * `:except_on` - `[{types, predicate, why}]`: the same, on those types only
   #   * `:ref` - `{types, fun, why}`: on those types, the Evaluator runs `fun` instead
   #   * `:exact` - floats must match exactly (`true` or a list of types)
   #   * `:tol` - `[{types, atol: ..., rtol: ...}]`, wider tolerances for those types, and why
@@ -235,6 +322,7 @@ defmodule XlaNode.OpsTest do
       inputs: Keyword.get(opts, :inputs, default),
       domain: opts[:domain],
       except: opts[:except],
+      except_on: Keyword.get(opts, :except_on, []),
       ref: opts[:ref],
       exact: Keyword.get(opts, :exact, false),
       tol: Keyword.get(opts, :tol, []),
@@ -332,7 +420,12 @@ defmodule XlaNode.OpsTest do
       c(:round, @real, &Nx.round/1, exact: true, domain: &is_number/1),
       c(:bitwise_not, @int, &Nx.bitwise_not/1),
       c(:population_count, @int, &Nx.population_count/1),
-      c(:count_leading_zeros, @int, &Nx.count_leading_zeros/1),
+      c(:count_leading_zeros, @int, &Nx.count_leading_zeros/1,
+        ref:
+          {@narrow_int, &narrow_clz/1,
+           "Nx.BinaryBackend's count_leading_zeros has no clause for 2- and 4-bit integers " <>
+             "(it raises): the count of the zero-extended byte, less the bits it adds"}
+      ),
       c(:is_nan, @all, &Nx.is_nan/1, inputs: [:z, :s]),
       c(:is_infinity, @all, &Nx.is_infinity/1, inputs: [:z, :s]),
       c(:real, @all, &Nx.real/1, exact: true, inputs: [:z, :s]),
@@ -392,6 +485,11 @@ defmodule XlaNode.OpsTest do
         except:
           {&(&2 == :neg_infinity and is_number(&1) and negative?(&1)),
            "Complex.atan2(y, -inf) is pi for a negative y, not -pi"},
+        except_on: [
+          {@f8, fn y, _x -> y == 0 end,
+           "Nx.Floating.load_f8 reads 0.0 as -0.0 on OTP 25 (whose compiler merges the " <>
+             "literals 0.0 and -0.0): atan2(0.0, x < 0) is -pi there, not pi"}
+        ],
         skip: [{@complex, "Nx traces it, but Complex.atan2 raises on complex numbers"}]
       ),
       c(:max, @real, &Nx.max/2),
@@ -418,7 +516,8 @@ defmodule XlaNode.OpsTest do
         inputs: [:xs],
         ref:
           {@complex, &Nx.select(Nx.not_equal(&1, 0), &1, &2),
-           "Nx.BinaryBackend's select takes a complex 0 as true (it compares with 0 by ==)"}
+           "Nx.BinaryBackend's select takes a complex 0 as true (it compares with 0 by ==)"},
+        skip: [{@narrow_int, scalar_bug()}]
       ),
       c(:select, @all, &Nx.select(Nx.logical_xor(&1, &2), &1, &2), inputs: [:xy]),
       c(:select, @all, &Nx.select(&2, &1, 0), inputs: [:xs]),
@@ -450,7 +549,8 @@ defmodule XlaNode.OpsTest do
         c(
           :constant,
           @real,
-          &Nx.select(&1, Nx.Constants.max_finite(&1.type), Nx.Constants.min_finite(&1.type))
+          &Nx.select(&1, Nx.Constants.max_finite(&1.type), Nx.Constants.min_finite(&1.type)),
+          skip: [{@narrow_int, scalar_bug()}]
         ),
         c(
           :constant,
@@ -487,6 +587,7 @@ defmodule XlaNode.OpsTest do
   defp partner({:s, b}), do: {:u, b}
   defp partner({:u, b}), do: {:s, b}
   defp partner({:f, 16}), do: {:bf, 16}
+  defp partner({:f8_e4m3fn, 8}), do: {:f, 8}
   defp partner({:bf, 16}), do: {:s, 16}
   defp partner({:f, b}), do: {:u, b}
 
@@ -546,7 +647,11 @@ defmodule XlaNode.OpsTest do
           strides: [1, 1, 2],
           padding: [{0, 0}, {0, 1}, {0, 0}]
         ),
-        inputs: [:d]
+        inputs: [:d],
+        skip: [
+          {@narrow_int,
+           "2- and 4-bit integers hold neither 24 distinct values nor an init of 100 above them"}
+        ]
       )
     ]
   end
@@ -561,8 +666,13 @@ defmodule XlaNode.OpsTest do
       c(:transpose, @all, &Nx.transpose(&1, axes: [2, 0, 1]), inputs: [:e], exact: true),
       c(:reverse, @all, &Nx.reverse(&1, axes: [0, 2]), inputs: [:e], exact: true),
       c(:broadcast, @all, &Nx.broadcast(&1, {2, 2, 3, 4}), inputs: [:e], exact: true),
-      c(:broadcast, @all, &Nx.broadcast(&1, {2, 3}, axes: []), inputs: [:s], exact: true),
+      c(:broadcast, @all, &Nx.broadcast(&1, {2, 3}, axes: []),
+        inputs: [:s],
+        exact: true,
+        skip: [{@narrow_int, scalar_bug()}]
+      ),
       c(:pad, @all, &Nx.pad(&1, 1, [{1, 0, 1}, {0, -1, 0}, {-1, 2, 1}]),
+        ref: e4m3fn_pad_bug(&Nx.pad(&1, 1, [{1, 0, 1}, {0, -1, 0}, {-1, 2, 1}])),
         inputs: [:e],
         exact: true
       ),
@@ -620,7 +730,10 @@ defmodule XlaNode.OpsTest do
         &Nx.indexed_add(&1, Nx.tensor([[1], [0], [1]]), Nx.iota({3, 2, 4}, type: &1.type),
           axes: [1]
         ),
-        inputs: [:m]
+        inputs: [:m],
+        # The iota rounds too (Nx.BinaryBackend truncates 11 to 10, XLA rounds it to 12), and
+        # then the sum: two roundings apart.
+        tol: [{[{:f, 8}], rtol: 0.5}]
       ),
       c(
         :indexed_put,
@@ -647,7 +760,11 @@ defmodule XlaNode.OpsTest do
       c(:dot, @all, &Nx.dot(&1, [2], [0], &2, [1], [0]), inputs: [:mm]),
       c(:conv, @all, &Nx.conv/2, inputs: [:conv]),
       c(:conv, @all, &Nx.conv(&1, &2, strides: [2, 1], padding: :same, input_dilation: [1, 2]),
-        inputs: [:conv]
+        inputs: [:conv],
+        ref:
+          e4m3fn_pad_bug(
+            &Nx.conv(&1, &2, strides: [2, 1], padding: :same, input_dilation: [1, 2])
+          )
       ),
       c(
         :conv,
@@ -656,7 +773,14 @@ defmodule XlaNode.OpsTest do
           feature_group_size: 2,
           kernel_dilation: [2, 1]
         ),
-        inputs: [:conv]
+        inputs: [:conv],
+        ref:
+          e4m3fn_pad_bug(
+            &Nx.conv(&1, Nx.slice(&2, [0, 0, 0, 0], [4, 1, 2, 2]),
+              feature_group_size: 2,
+              kernel_dilation: [2, 1]
+            )
+          )
       ),
       c(:triangular_solve, @all, fn a, b, _ -> Nx.LinAlg.triangular_solve(a, b) end,
         inputs: [:tri]
@@ -698,20 +822,14 @@ defmodule XlaNode.OpsTest do
     end
   end
 
-  defn ops_while(x) do
-    {_, out} =
-      while {i = 0, x}, i < 3 do
-        {i + 1, x + x}
-      end
-
-    out
-  end
-
   defp control do
     [
       c(:cond, @all, &ops_cond/1, inputs: [:x, :s, :m]),
-      c(:while, @all, &ops_while/1, inputs: [:x, :s], domain: no_overflow(&(&1 * 8))),
-      c(:elem, @all, &ops_while/1, inputs: [:s]),
+      c(:while, @all, &XlaNode.NxTest.Loop.doubled_three_times/1,
+        inputs: [:x, :s],
+        domain: no_overflow(&(&1 * 8))
+      ),
+      c(:elem, @all, &XlaNode.NxTest.Loop.doubled_three_times/1, inputs: [:s]),
       c(:fun, @all, &Nx.reduce(&1, 0, fn a, b -> Nx.add(a, b) end), inputs: [:m])
     ]
   end
@@ -767,7 +885,7 @@ defmodule XlaNode.OpsTest do
     # The Evaluator raises on what a domain leaves out.
     undefined =
       for type <- c.types,
-          args <- excluded(c, type),
+          args <- excluded(for_type(c, type), type),
           computes_case?(c, args, type),
           do: "Nx computes #{inspect(args)} on #{inspect(type)}, outside the domain"
 
@@ -806,25 +924,10 @@ defmodule XlaNode.OpsTest do
     _ -> false
   end
 
-  test "types the node does not have raise when compiling, as parameters or results" do
-    for type <- [{:s, 2}, {:s, 4}, {:u, 2}, {:u, 4}, {:f, 8}, {:f8_e4m3fn, 8}] do
-      message = ~r/cannot run tensors of type #{Regex.escape(inspect(type))}/
-      compile = &Nx.Defn.compile(&1, [&2], compiler: XlaNode.Compiler, node: xla())
-
-      assert_raise ArgumentError, message, fn ->
-        compile.(&Nx.add(&1, &1), Nx.template({2}, type))
-      end
-
-      assert_raise ArgumentError, message, fn ->
-        compile.(&Nx.as_type(&1, type), Nx.template({2}, :f32))
-      end
-    end
-  end
-
   # Erlang floats have no infinities or NaN: where an IEEE result is one, Nx.BinaryBackend
   # raises, and the domains above leave the values out. The node gives IEEE's results.
   test "IEEE results where Nx.BinaryBackend raises" do
-    for type <- @float do
+    for type <- @float, Nx.Type.infinite_float?(type) do
       max = max_finite(type)
 
       checks = %{
@@ -888,7 +991,7 @@ defmodule XlaNode.OpsTest do
   defp run_type(cases, type) do
     runs =
       for c <- cases, type in c.types, not skipped?(c, type), kind <- c.inputs do
-        {"#{c.name} #{kind}", c, List.to_tuple(inputs(kind, type, c))}
+        {"#{c.name} #{kind}", c, List.to_tuple(inputs(kind, type, for_type(c, type)))}
       end
 
     run_batch(runs, type)
@@ -952,6 +1055,8 @@ defmodule XlaNode.OpsTest do
   end
 
   defp compare_tensor(ours, theirs, c, in_type) do
+    ours = overflowed_as_nx(ours, theirs)
+
     cond do
       ours.type != theirs.type ->
         "type #{inspect(ours.type)}, expected #{inspect(theirs.type)}"
@@ -964,24 +1069,51 @@ defmodule XlaNode.OpsTest do
         unless Nx.to_flat_list(ours) == Nx.to_flat_list(theirs), do: mismatch(ours, theirs)
 
       true ->
-        # Half-precision results may round the other way: XLA computes in f32 and rounds once.
         tol = tolerance(c, in_type, theirs.type)
-        close = Nx.all_close(ours, theirs, Keyword.put(tol, :equal_nan, true))
+        # (Compared on f32 at least: 8-bit floats cannot hold the tolerances.)
+        [o, t] = Enum.map([ours, theirs], &Nx.as_type(&1, Nx.Type.merge(&1.type, {:f, 32})))
+        close = Nx.all_close(o, t, Keyword.put(tol, :equal_nan, true))
         unless Nx.to_number(close) == 1, do: mismatch(ours, theirs)
     end
   end
+
+  # An f8_e4m3fn result that overflows is NaN on XLA (as on EXLA), where Nx.BinaryBackend
+  # saturates it to ±448; one above f8's largest value (57344) rounds to ±inf on XLA, where
+  # Nx.BinaryBackend truncates it to ±57344. Those count as Nx's results.
+  defp overflowed_as_nx(%{type: {:f8_e4m3fn, 8}} = ours, theirs) do
+    overflowed = Nx.logical_and(Nx.is_nan(ours), Nx.equal(Nx.abs(theirs), 448))
+    Nx.select(overflowed, theirs, ours)
+  end
+
+  defp overflowed_as_nx(%{type: {:f, 8}} = ours, theirs) do
+    overflowed =
+      Nx.logical_and(Nx.is_infinity(ours), Nx.equal(theirs, Nx.multiply(Nx.sign(ours), 57344)))
+
+    Nx.select(overflowed, theirs, ours)
+  end
+
+  defp overflowed_as_nx(ours, _theirs), do: ours
 
   defp exact?(%{exact: true}, _type), do: true
   defp exact?(%{exact: types}, type) when is_list(types), do: type in types
   defp exact?(_c, _type), do: false
 
   defp tolerance(c, in_type, out_type) do
-    default = [atol: 1.0e-5, rtol: if(elem(out_type, 1) == 16, do: 1.0e-2, else: 1.0e-4)]
+    default = default_tolerance(out_type)
 
     Enum.reduce(c.tol, default, fn {types, kw}, acc ->
       if in_type in types, do: Keyword.merge(acc, kw), else: acc
     end)
   end
+
+  # Half-precision results may round the other way: XLA computes in f32 and rounds once. 8-bit
+  # floats, within one unit in the last place (or the smallest normal value near zero):
+  # Nx.BinaryBackend truncates to f8 (E5M2) and rounds ties away from zero (E4M3FN) where XLA
+  # rounds to nearest even.
+  defp default_tolerance({:f, 8}), do: [atol: 6.2e-5, rtol: 0.25]
+  defp default_tolerance({:f8_e4m3fn, 8}), do: [atol: 1.6e-2, rtol: 0.125]
+  defp default_tolerance({_, 16}), do: [atol: 1.0e-5, rtol: 1.0e-2]
+  defp default_tolerance(_type), do: [atol: 1.0e-5, rtol: 1.0e-4]
 
   defp mismatch(ours, theirs), do: "got #{inspect(ours)}\nexpected #{inspect(theirs)}"
 

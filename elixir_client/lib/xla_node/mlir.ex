@@ -78,6 +78,13 @@ defmodule XlaNode.MLIR do
   (XLA aborts compiling the one and computes the other wrongly), `dot_general/3` and
   `convolution/3` of 2-bit integers, and `top_k/2` of 2- and 4-bit integers (XLA has no kernel for
   them). Convert to `{:s, 8}`/`{:u, 8}` first.
+
+  Not caught here, because they depend on what XLA makes of the program: a `transpose/2` of 2- or
+  4-bit integers that XLA turns into a copy (in a function with several results, or one it adds
+  around a gather or scatter) throws inside XLA's compiler, which aborts the node; a `convert/2`
+  of the result of arithmetic on them to a wider type skips the wrap; and `population_count/1`
+  and `count_leading_zeros/1` of them count the bits of the sign-extended byte. Transpose them as
+  8-bit integers, and convert behind an `optimization_barrier/1`, as `XlaNode.Compiler` does.
   """
 
   import Kernel, except: [abs: 1, floor: 1, ceil: 1]

@@ -28,8 +28,9 @@ defmodule XlaNode.Backend do
   exception: they stay in the tensor struct and go, a few bytes, with the operation that uses
   them.
 
-  Every Nx type moves to and from the node; operations run on the types `XlaNode.Compiler`
-  lowers, and one on another type raises `ArgumentError` naming it.
+  Every Nx type moves to and from the node, and operations run on every one of them, the
+  2- and 4-bit integers and the 8-bit floats included (see `XlaNode.Compiler` for how they
+  compute).
 
   A tensor of this backend passed to a function jitted with `XlaNode.Compiler` on the same node
   goes as its buffer, and the function's results stay on the node when the default backend is
@@ -175,8 +176,7 @@ defmodule XlaNode.Backend do
     head
   end
 
-  # Only the first `limit` elements cross: a program on the node slices them off. A type the
-  # compiler cannot run yet is read whole.
+  # Only the first `limit` elements cross: a program on the node slices them off.
   defp read_head(t, limit) do
     out = %{t | shape: {limit}, names: [nil]}
 
@@ -190,8 +190,6 @@ defmodule XlaNode.Backend do
     after
       Transfer.free(head)
     end
-  rescue
-    ArgumentError -> Transfer.read!(t)
   end
 
   @impl true

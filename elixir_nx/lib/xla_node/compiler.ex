@@ -17,6 +17,16 @@ defmodule XlaNode.Compiler do
   expression graph shares its nodes many times over, and a copy between processes or into ETS
   does not keep that sharing.
 
+  ## Types
+
+  Every Nx type, `s2`, `s4`, `u2`, `u4`, `f8` (E5M2) and `f8_e4m3fn` included. Where XLA's CPU
+  backend cannot compute an op on the 2- and 4-bit integers (or would abort on it), the op runs
+  on 8-bit integers and narrows back, wrapping as Nx does; `erfc` of 8-bit floats, which XLA
+  lacks, runs on `f32` (see `XlaNode.Compiler.Lower`). Integer results are Nx's bit for bit;
+  8-bit float results differ from `Nx.BinaryBackend`'s only where Nx rounds otherwise (it
+  truncates to `f8`, rounds `f8_e4m3fn` ties away from zero and saturates its overflow to ±448,
+  where XLA rounds to nearest even and gives NaN), as EXLA's do.
+
   ## Options
 
     * `:node` - the compute node (required), or an `XlaNode.Pool` (its name or pid) that spreads
@@ -270,10 +280,8 @@ defmodule XlaNode.Compiler do
   defp from_client(results, {structure, templates}, node) do
     tensors =
       Enum.zip_with(results, templates, fn
-        {bin, _}, template ->
-          bin
-          |> Nx.from_binary(template.type, backend: Nx.BinaryBackend)
-          |> Nx.reshape(template.shape, names: template.names)
+        {data, _}, template ->
+          Transfer.host_tensor(template, data)
 
         buffer, template when is_reference(buffer) ->
           Transfer.wrap(template, node, buffer)

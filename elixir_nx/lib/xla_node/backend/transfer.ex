@@ -27,6 +27,16 @@ defmodule XlaNode.Backend.Transfer do
     end
   end
 
+  @doc """
+  An `Nx.BinaryBackend` tensor of `template`'s type, shape and names holding `data`, the
+  tensor's data as the node sends it: a bitstring for 2- and 4-bit types (`Nx.from_binary/3`
+  takes whole bytes only).
+  """
+  def host_tensor(%Nx.Tensor{type: type, shape: shape, names: names}, data)
+      when is_bitstring(data),
+      do:
+        Nx.BinaryBackend.from_binary(%Nx.Tensor{type: type, shape: shape, names: names}, data, [])
+
   @doc "`template` (a tensor or its template) holding `buffer` on `node`; noted in the scope."
   def wrap(template, node, buffer), do: %{template | data: data(node, buffer)}
 

@@ -9,6 +9,7 @@ defmodule XlaNode.Compiler.Callbacks do
   """
 
   alias Nx.Defn.Composite
+  alias XlaNode.Backend.Transfer
 
   @doc "The `XlaNode.CallbackServer` handlers for the callbacks `XlaNode.Compiler.Lower` found."
   def handlers(callbacks, hooks) do
@@ -50,10 +51,8 @@ defmodule XlaNode.Compiler.Callbacks do
 
   defp to_container(args, template) do
     {container, []} =
-      Composite.traverse(template, args, fn %Nx.Tensor{} = t, [{bin, _} | rest] ->
-        {bin
-         |> Nx.from_binary(t.type, backend: Nx.BinaryBackend)
-         |> Nx.reshape(t.shape, names: t.names), rest}
+      Composite.traverse(template, args, fn %Nx.Tensor{} = t, [{data, _} | rest] ->
+        {Transfer.host_tensor(t, data), rest}
       end)
 
     container

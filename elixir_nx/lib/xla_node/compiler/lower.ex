@@ -7,7 +7,9 @@ defmodule XlaNode.Compiler.Lower do
   for the result and broadcast to its shape, comparisons and logical ops produce `u8` 0/1, and
   reductions, windows, gathers and scatters get their regions and dimension numbers.
   `runtime_call` and hooks become EXLA's `exla_runtime_callback` custom calls; the module's
-  first parameter is then the callback handle, which the node supplies.
+  first parameter is then the callback handle, which the node supplies. Ops XLA's CPU backend
+  cannot compute on the 2- and 4-bit integers or the 8-bit floats run on a wider type (see
+  "Where XLA's CPU backend needs wider elements" below).
 
   An op this module cannot lower raises `ArgumentError` naming it, at compile time.
   """
@@ -84,15 +86,18 @@ defmodule XlaNode.Compiler.Lower do
 
   defp type_of(%T{type: type, shape: shape}), do: {type!(type), Tuple.to_list(shape)}
 
-  defp type!({kind, bits} = type) when kind in [:s, :u] and bits in [8, 16, 32, 64], do: type
-  defp type!({:f, bits} = type) when bits in [16, 32, 64], do: type
+  defp type!({kind, bits} = type) when kind in [:s, :u] and bits in [2, 4, 8, 16, 32, 64],
+    do: type
+
+  defp type!({:f, bits} = type) when bits in [8, 16, 32, 64], do: type
+  defp type!({:f8_e4m3fn, 8} = type), do: type
   defp type!({:bf, 16} = type), do: type
   defp type!({:c, bits} = type) when bits in [64, 128], do: type
 
   defp type!(type) do
     raise ArgumentError,
-          "XlaNode.Compiler cannot run tensors of type #{inspect(type)} " <>
-            "(the node's types: s8-s64, u8-u64, f16, bf16, f32, f64, c64, c128)"
+          "XlaNode.Compiler cannot run tensors of type #{inspect(type)} (the node's types: " <>
+            "s2-s64, u2-u64, f8, f8_e4m3fn, f16, bf16, f32, f64, c64, c128)"
   end
 
   defp dims(%T{shape: shape}), do: Tuple.to_list(shape)
@@ -205,7 +210,8 @@ defmodule XlaNode.Compiler.Lower do
         {op, int} when op in [:floor, :ceil, :round] and int in [:signed, :unsigned] -> v
         {:sign, :unsigned} -> M.select(M.compare(:eq, v, zero(v)), v, one(v))
         {:cbrt, :complex} -> complex_cbrt(v)
-        _ -> apply(M, @unary[op], [v])
+        {op, _} when op in [:population_count, :count_leading_zeros] -> count_bits(op, v)
+        _ -> in_wide(op, ans.type, [v], &apply(M, @unary[op], &1))
       end
 
     {value, state}
@@ -271,7 +277,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [a, b], ans, state) when is_map_key(@arith, op) do
     {[va, vb], state} = operands([a, b], ans.type, ans, state)
-    {apply(M, @arith[op], [va, vb]), state}
+    {in_wide(op, ans.type, [va, vb], &apply(M, @arith[op], &1)), state}
   end
 
   # XLA's integer power is wrong for large exponents ((-3)^100 in s16 came out -14639, not
@@ -282,7 +288,7 @@ defmodule XlaNode.Compiler.Lower do
 
     if M.category(ans.type) in [:signed, :unsigned],
       do: {integer_pow(va, vb), state},
-      else: {M.power(va, vb), state}
+      else: {in_wide(:pow, ans.type, [va, vb], &apply(M, :power, &1)), state}
   end
 
   # XLA's CPU maximum and minimum can drop a NaN second operand; Nx's propagate NaN from either.
@@ -345,9 +351,9 @@ defmodule XlaNode.Compiler.Lower do
     {M.broadcast_in_dim(v, dims(ans), axes), state}
   end
 
-  defp op(:transpose, [x, axes], _ans, state) do
+  defp op(:transpose, [x, axes], ans, state) do
     {v, state} = lower(x, state)
-    {M.transpose(v, axes), state}
+    {in_wide(:transpose, ans.type, [v], &M.transpose(hd(&1), axes)), state}
   end
 
   defp op(:reverse, [x, axes], _ans, state) do
@@ -364,8 +370,12 @@ defmodule XlaNode.Compiler.Lower do
   defp op(:dot, [a, ca, ba, b, cb, bb], ans, state) do
     {[va, vb], state} = lower_all([a, b], state)
 
-    {M.dot_general(cast(va, ans.type), cast(vb, ans.type), contracting: {ca, cb}, batch: {ba, bb}),
-     state}
+    value =
+      in_wide(:dot, ans.type, [va, vb], fn [va, vb] ->
+        M.dot_general(va, vb, contracting: {ca, cb}, batch: {ba, bb})
+      end)
+
+    {value, state}
   end
 
   defp op(:slice, [x, starts, lengths, strides], _ans, state) do
@@ -391,19 +401,20 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(:concatenate, [tensors, axis], ans, state) do
     {values, state} = lower_all(tensors, state)
-    {M.concatenate(Enum.map(values, &cast(&1, ans.type)), axis), state}
+    {in_wide(:concatenate, ans.type, values, &M.concatenate(&1, axis)), state}
   end
 
   defp op(:stack, [tensors, axis], ans, state) do
     {values, state} = lower_all(tensors, state)
 
-    values =
-      Enum.map(values, fn v ->
-        {_, d} = v.type
-        v |> cast(ans.type) |> M.reshape(List.insert_at(d, axis, 1))
+    value =
+      in_wide(:concatenate, ans.type, values, fn values ->
+        values
+        |> Enum.map(fn v -> M.reshape(v, List.insert_at(elem(v.type, 1), axis, 1)) end)
+        |> M.concatenate(axis)
       end)
 
-    {M.concatenate(values, axis), state}
+    {value, state}
   end
 
   defp op(:iota, [axis], ans, state) do
@@ -448,6 +459,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [x, opts], ans, state) when op in [:argmax, :argmin] do
     {v, state} = lower(x, state)
+    v = cast(v, computed_in(:argmax, elem_type(v)))
     {elem, in_dims} = v.type
 
     {v, axis, in_dims} =
@@ -544,7 +556,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(op, [x, opts], ans, state) when op in [:sort, :argsort] do
     {v, state} = lower(x, state)
-    {_, in_dims} = v.type
+    {type, in_dims} = v.type
     axis = opts[:axis] || 0
     direction = if opts[:direction] == :desc, do: :gt, else: :lt
 
@@ -563,9 +575,11 @@ defmodule XlaNode.Compiler.Lower do
 
     case op do
       :sort ->
-        {M.sort(v, axis, fn [a, b] -> compare.(a, b) end, stable: true), state}
+        sort = &M.sort(hd(&1), axis, fn [a, b] -> compare.(a, b) end, stable: true)
+        {in_wide(:sort, type, [v], sort), state}
 
       :argsort ->
+        v = cast(v, computed_in(:sort, type))
         indices = M.iota({ans.type, in_dims}, axis)
 
         [_, sorted] =
@@ -585,12 +599,14 @@ defmodule XlaNode.Compiler.Lower do
     slice_sizes = for {d, i} <- Enum.with_index(in_dims), do: if(i in axes, do: 1, else: d)
 
     value =
-      M.gather(v, idx, slice_sizes,
-        offset_dims: Enum.to_list(batch_rank..(batch_rank + length(kept) - 1)//1),
-        collapsed_slice_dims: axes,
-        start_index_map: axes,
-        index_vector_dim: batch_rank
-      )
+      in_wide(:gather, elem_type(v), [v], fn [v] ->
+        M.gather(v, idx, slice_sizes,
+          offset_dims: Enum.to_list(batch_rank..(batch_rank + length(kept) - 1)//1),
+          collapsed_slice_dims: axes,
+          start_index_map: axes,
+          index_vector_dim: batch_rank
+        )
+      end)
 
     {value, state}
   end
@@ -604,12 +620,14 @@ defmodule XlaNode.Compiler.Lower do
     combine = if op == :indexed_add, do: fn [a, b] -> M.add(a, b) end, else: fn [_, b] -> b end
 
     value =
-      M.scatter(cast(v, ans.type), idx, cast(upd, ans.type), combine,
-        update_window_dims: Enum.to_list(batch_rank..(length(upd_dims) - 1)//1),
-        inserted_window_dims: axes,
-        scatter_dims_to_operand_dims: axes,
-        index_vector_dim: batch_rank
-      )
+      in_wide(:scatter, ans.type, [v, upd], fn [v, upd] ->
+        M.scatter(v, idx, upd, combine,
+          update_window_dims: Enum.to_list(batch_rank..(length(upd_dims) - 1)//1),
+          inserted_window_dims: axes,
+          scatter_dims_to_operand_dims: axes,
+          index_vector_dim: batch_rank
+        )
+      end)
 
     {value, state}
   end
@@ -621,17 +639,19 @@ defmodule XlaNode.Compiler.Lower do
     [ob, of | os] = opts[:output_permutation]
 
     value =
-      M.convolution(cast(v, ans.type), cast(k, ans.type),
-        input: {ib, if_, is},
-        kernel: {ki, ko, ks},
-        output: {ob, of, os},
-        strides: opts[:strides],
-        padding: opts[:padding],
-        lhs_dilation: opts[:input_dilation],
-        rhs_dilation: opts[:kernel_dilation],
-        feature_group_count: opts[:feature_group_size],
-        batch_group_count: opts[:batch_group_size]
-      )
+      in_wide(:conv, ans.type, [v, k], fn [v, k] ->
+        M.convolution(v, k,
+          input: {ib, if_, is},
+          kernel: {ki, ko, ks},
+          output: {ob, of, os},
+          strides: opts[:strides],
+          padding: opts[:padding],
+          lhs_dilation: opts[:input_dilation],
+          rhs_dilation: opts[:kernel_dilation],
+          feature_group_count: opts[:feature_group_size],
+          batch_group_count: opts[:batch_group_size]
+        )
+      end)
 
     {value, state}
   end
@@ -784,19 +804,23 @@ defmodule XlaNode.Compiler.Lower do
     batch = Enum.to_list(axis..(axis + length(idx_dims) - 1)//1)
 
     value =
-      M.gather(v, idx, List.replace_at(in_dims, axis, 1),
-        offset_dims: Enum.to_list(0..(out_rank - 1)//1) -- batch,
-        collapsed_slice_dims: [axis],
-        start_index_map: [axis],
-        index_vector_dim: length(idx_dims)
-      )
+      in_wide(:gather, elem_type(v), [v], fn [v] ->
+        M.gather(v, idx, List.replace_at(in_dims, axis, 1),
+          offset_dims: Enum.to_list(0..(out_rank - 1)//1) -- batch,
+          collapsed_slice_dims: [axis],
+          start_index_map: [axis],
+          index_vector_dim: length(idx_dims)
+        )
+      end)
 
     {cast(value, ans.type), state}
   end
 
   defp block([%Nx.Block.TopK{k: k}, [x], _default, _fun], _ans, state) do
     {v, state} = lower(x, state)
-    {M.top_k(v, k), state}
+    type = elem_type(v)
+    [values, indices] = M.top_k(cast(v, computed_in(:top_k, type)), k)
+    {[cast(values, type), indices], state}
   end
 
   defp block([%Nx.Block.RFFT{} = b, [x], _default, _fun], ans, state) do
@@ -828,6 +852,54 @@ defmodule XlaNode.Compiler.Lower do
 
   # A block's tensor arguments: those before its options (a keyword list), if it has any.
   defp block_tensors(in_args), do: Enum.take_while(in_args, &(not is_list(&1)))
+
+  ## Where XLA's CPU backend needs wider elements
+
+  # XLA counts the bits of a 2- or 4-bit integer as those of its sign-extended byte: count
+  # those of its zero-extended bit pattern.
+  defp count_bits(op, v) do
+    case elem_type(v) do
+      {_, bits} = type when bits < 8 ->
+        counted = v |> M.bitcast_convert({:u, bits}) |> cast({:u, 8}) |> then(&apply(M, op, [&1]))
+
+        counted =
+          if op == :count_leading_zeros,
+            do: M.subtract(counted, M.constant(8 - bits, counted.type)),
+            else: counted
+
+        cast(counted, type)
+
+      _ ->
+        apply(M, op, [v])
+    end
+  end
+
+  # The element type `op` runs in on the node for a result (or operand) of `type`. XLA's CPU
+  # backend
+  #   * cannot concatenate, sort, dot or convolve 2-bit integers, nor take the top_k of 2- or
+  #     4-bit ones (XlaNode.MLIR raises on them), nor compile an argmax or argmin (a reduce of
+  #     two operands) of 2-bit ones;
+  #   * compiles a transpose of 2- or 4-bit integers that it makes a copy (as for a result among
+  #     several, or around a gather or scatter) to a copy that throws, aborting the node;
+  # those run on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It
+  # has no erfc of 8-bit floats: theirs runs on f32.
+  defp computed_in(op, {kind, 2})
+       when op in [:concatenate, :sort, :dot, :conv, :argmax] and kind in [:s, :u],
+       do: {kind, 8}
+
+  defp computed_in(:erfc, {f8, 8}) when f8 in [:f, :f8_e4m3fn], do: {:f, 32}
+
+  defp computed_in(op, {kind, bits})
+       when op in [:top_k, :transpose, :gather, :scatter] and kind in [:s, :u] and bits < 8,
+       do: {kind, 8}
+
+  defp computed_in(_op, type), do: type
+
+  # `fun` of `values` converted to the type `op` runs in for `type`, and its result in `type`.
+  defp in_wide(op, type, values, fun) do
+    wide = computed_in(op, type)
+    values |> Enum.map(&cast(&1, wide)) |> fun.() |> cast(type)
+  end
 
   ## Helpers
 
@@ -997,10 +1069,22 @@ defmodule XlaNode.Compiler.Lower do
 
   defp elem_type(%{type: {elem, _}}), do: elem
 
+  # A convert to or from a 2- or 4-bit integer goes behind an optimization barrier: XLA would
+  # move a transpose across it onto the narrow type (see computed_in/2), and it widens the
+  # result of arithmetic on one without wrapping it first (s4 -8 - 1 converted to s8 was -9).
   defp cast(value, type) do
     type = type!(type)
-    if elem_type(value) == type, do: value, else: M.convert(value, type)
+
+    cond do
+      elem_type(value) == type -> value
+      min(bits(type), bits(elem_type(value))) < 8 -> value |> barrier() |> M.convert(type)
+      true -> M.convert(value, type)
+    end
   end
+
+  defp barrier(value), do: value |> M.optimization_barrier() |> hd()
+
+  defp bits({_, bits}), do: bits
 
   defp broadcast(value, dims) do
     {_, d} = value.type
