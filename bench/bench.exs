@@ -114,12 +114,21 @@ if parts in ["all", "xla"] do
   x = Bench.f32x4()
   run = fn -> {:ok, [_]} = GenServer.call({:xla, xla}, {:run, exe, [x]}) end
   for _ <- 1..2000, do: run.()
-  s = Bench.interleave([run: run, beam: fn -> GenServer.call({:baseline, base}, :ping) end], 10, 1000)
-  {mr, mb} = {Bench.median(s.run), Bench.median(s.beam)}
-  Bench.report("{:run, exe, [f32[4]]} of x + 1 (10,000 each, interleaved)", [
-    "run on xla_node:            median #{Bench.us(mr)}, p99 #{Bench.us(Bench.p99(s.run))}",
-    "trivial call to BEAM node:  median #{Bench.us(mb)}",
-    "added over the baseline: #{Bench.us(mr - mb)}  (target <= +20 us)"
+  beam = fn -> GenServer.call({:baseline, base}, :ping) end
+  # Five rounds, as for callbacks below: the BEAM call is bimodal from one stretch of seconds to
+  # the next, so the honest figure is the best round's run over the fastest round's call.
+  rounds =
+    for _ <- 1..5 do
+      s = Bench.interleave([run: run, beam: beam], 4, 500, rotate: true)
+      %{run: Bench.median(s.run), beam: Bench.median(s.beam), p99: Bench.p99(s.run)}
+    end
+
+  {best, fastest} = {Enum.min(Enum.map(rounds, & &1.run)), Enum.min(Enum.map(rounds, & &1.beam))}
+  Bench.report("{:run, exe, [f32[4]]} of x + 1 (5 rounds of 2,000 each, interleaved)", [
+    "run on xla_node, per round:           medians #{Enum.map_join(rounds, ", ", &Float.round(&1.run, 1))} us; p99 #{Enum.map_join(rounds, ", ", &Float.round(&1.p99, 1))} us",
+    "trivial call to BEAM node, per round: medians #{Enum.map_join(rounds, ", ", &Float.round(&1.beam, 1))} us",
+    "added over the baseline, per round: #{Enum.map_join(rounds, ", ", &Float.round(&1.run - &1.beam, 1))} us",
+    "the best round's run over the fastest round's call: #{Bench.us(best - fastest)}  (target <= +20 us)"
   ])
 end
 
