@@ -6,6 +6,10 @@
 #   bench/run.sh tls        # only: the same two over plain TCP, then over TLS distribution
 #                           # (xla_node and the BEAM nodes with inet_tls, certificates made by
 #                           # openssl for the run)
+#   bench/run.sh xla        # only: a tiny {:run} of x + 1 against a trivial BEAM call
+#   bench/run.sh callbacks  # only: one callback (with XLA_NODE_CALLBACK_TRACE=1 in the environment,
+#                           # where its time goes), a native-kernel custom call beside it, a
+#                           # 10,000-callback loop, a callback moving 16 MiB each way
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
 #                           # params on the node) against jax.jit; eager XlaNode.Backend ops
@@ -13,8 +17,8 @@
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 # XLA_NODE_BIN names another node binary to measure (default: target/release/xla_node).
-# Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the kernels and nx
-# parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
+# Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the callbacks, kernels
+# and nx parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
 # NX_PATH points at a local Nx checkout (with COMPLEX_PATH, TELEMETRY_PATH, and Elixir >= 1.17 on
 # PATH, as for elixir_nx's tests), and says it was skipped otherwise.
 set -euo pipefail
@@ -27,11 +31,11 @@ cookie="bench_$$"
 name="xla_bench_$$"
 part="${1:-all}"
 kernel_args=()
-if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = nx ]; then
+if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = callbacks ] || [ "$part" = nx ]; then
     scripts/kernels.sh
     export XLA_NODE_BENCH_JAX="${XDG_DATA_HOME:-$HOME/.local/share}/xla_node/jax"
 fi
-if [ "$part" = all ] || [ "$part" = kernels ]; then
+if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = callbacks ]; then
     export XLA_NODE_BENCH_KERNELS="$PWD/target/kernels/libxn_test_kernels_ffi02.so"
     kernel_args=(--kernel "xn_increment=$XLA_NODE_BENCH_KERNELS:xn_increment")
 fi

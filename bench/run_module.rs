@@ -58,14 +58,14 @@ fn main() {
             for out in run.execute().expect("run") {
                 out.to_host().expect("read");
             }
-            times.push(start.elapsed().as_micros());
+            times.push(start.elapsed().as_nanos());
         }
     }
     for (file, mut times) in files.iter().zip(times) {
         times.sort();
         println!(
-            "{file}: median {} us over {} runs",
-            times[times.len() / 2],
+            "{file}: median {:.1} us over {} runs",
+            times[times.len() / 2] as f64 / 1000.0,
             times.len()
         );
     }
