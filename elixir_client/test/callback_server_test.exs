@@ -13,7 +13,8 @@ defmodule XlaNode.CallbackServerTest do
     ref
   end
 
-  defp await(ref, timeout \\ 1_000) do
+  # Generous: a reply that never comes fails the test, a slow machine must not.
+  defp await(ref, timeout \\ 10_000) do
     receive do
       {^ref, reply} -> reply
     after
