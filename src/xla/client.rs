@@ -142,7 +142,8 @@ impl ApiInner {
             Failure::Returned("entry point not provided by this PJRT plugin".to_string())
         })?;
         // SAFETY: guaranteed by the caller (matching argument struct).
-        let err = unsafe { call_catching(f, args as *mut T as *mut c_void) }.map_err(Failure::Threw)?;
+        let err =
+            unsafe { call_catching(f, args as *mut T as *mut c_void) }.map_err(Failure::Threw)?;
         match self.take_error(err) {
             None => Ok(()),
             Some(msg) => Err(Failure::Returned(msg)),

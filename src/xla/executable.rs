@@ -171,12 +171,12 @@ impl Client {
         // SAFETY: matching args; `program`, `prog`, `format` and `opts` outlive
         // the call (the plugin only reads `code` during compilation).
         // After a throw `c.executable` may be unset or half-written: it is not looked at.
-        unsafe { api.call_or_throw(api.fns().PJRT_Client_Compile, &mut c) }.map_err(
-            |failure| match failure {
+        unsafe { api.call_or_throw(api.fns().PJRT_Client_Compile, &mut c) }.map_err(|failure| {
+            match failure {
                 Failure::Returned(message) => XlaError::Compile(message),
                 Failure::Threw(thrown) => XlaError::Compile(compiler_threw(&thrown)),
-            },
-        )?;
+            }
+        })?;
         if c.executable.is_null() {
             return Err(XlaError::Compile(
                 "PJRT_Client_Compile returned no executable".into(),
