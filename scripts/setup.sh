@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what xla_node needs on a fresh Debian machine, quietly and idempotently:
-#   - Erlang/OTP (erlang-nox, which brings epmd) and Elixir, from apt;
+#   - Erlang/OTP (erlang-nox, which brings epmd), Elixir and a C++ compiler (g++: the build
+#     compiles src/xla/catch.cc, and scripts/kernels.sh the test kernels), from apt;
 #   - the PJRT CPU plugin (PyPI wheel xla-cpu-pjrt) into the fixed place the node looks in;
 #   - a release build of xla_node.
 # Safe to run again: each step is skipped when its result is already there.
@@ -22,6 +23,7 @@ quiet() {
 packages=()
 command -v erl >/dev/null 2>&1 || packages+=(erlang-nox)
 command -v elixir >/dev/null 2>&1 || packages+=(elixir)
+command -v "${CXX:-g++}" >/dev/null 2>&1 || packages+=(g++)
 if ((${#packages[@]})); then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo -n"

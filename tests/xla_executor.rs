@@ -1176,6 +1176,44 @@ fn two_bit_concatenate_and_sort_are_refused() {
     );
 }
 
+/// XLA's CPU compiler throws a C++ exception (out of `PJRT_Client_Compile`) building the copy
+/// it makes of a transpose of 2- or 4-bit integers that is one result among several. The
+/// exception is caught at the plugin boundary: a compile error saying so, and the process (and
+/// the executor) goes on compiling and running.
+#[test]
+fn a_throwing_compile_is_a_compile_error() {
+    let ex = Executor::new(client());
+    for ty in ["i2", "i4", "ui2", "ui4"] {
+        let program = format!(
+            "func.func @main(%a: tensor<2x3x{ty}>) -> (tensor<3x2x{ty}>, tensor<2x3x{ty}>) {{
+  %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x3x{ty}>) -> tensor<3x2x{ty}>
+  return %0, %a : tensor<3x2x{ty}>, tensor<2x3x{ty}>
+}}"
+        );
+        let err = ex.compile(program.into_bytes()).unwrap_err();
+        assert!(
+            matches!(err, XlaError::Compile(ref m)
+                if m.starts_with("XLA's compiler failed: it threw a C++ exception (")),
+            "{ty}: {err:?}"
+        );
+    }
+    let s = ex.stats();
+    assert_eq!((s.compiles, s.compile_errors, s.cached), (0, 4, 0));
+    // The same transpose of 8-bit integers compiles and runs, in the same executor.
+    let (exe, _) = ex
+        .compile(
+            b"func.func @main(%a: tensor<2x3xi8>) -> (tensor<3x2xi8>, tensor<2x3xi8>) {
+  %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x3xi8>) -> tensor<3x2xi8>
+  return %0, %a : tensor<3x2xi8>, tensor<2x3xi8>
+}"
+            .to_vec(),
+        )
+        .unwrap();
+    let out = run_host(&exe, &[t(DType::S8, &[2, 3], le(&[1i8, 2, 3, 4, 5, 6]))]).unwrap();
+    assert_eq!(out[0].data, le(&[1i8, 4, 2, 5, 3, 6]));
+    assert_eq!(out[1].data, le(&[1i8, 2, 3, 4, 5, 6]));
+}
+
 #[test]
 fn ffi_handler_reads_and_writes_new_types_as_nx_packs_them() {
     let c = client();

@@ -12,6 +12,8 @@ defmodule XlaNode.TypesTest do
   alias XlaNode.{Harness, Tensor}
   alias XlaNode.MLIR, as: M
 
+  @root Path.expand("../..", __DIR__)
+
   setup_all do
     Harness.start_shared_node()
   end
@@ -210,6 +212,63 @@ defmodule XlaNode.TypesTest do
     assert m =~ "concatenate of 2-bit integers (s2/u2), which this node refuses"
     assert call(node, :ping) == :pong
     assert {:ok, _} = call(node, {:compile, String.replace(concat, "i2>", "i4>")})
+  end
+
+  # XLA's CPU compiler throws a C++ exception building the copy it makes of this transpose (a
+  # result among several); the node catches it at the plugin boundary.
+  test "a transpose of 4-bit integers XLA's compiler throws on is a compile error, as MLIR text " <>
+         "and as JAX's bytecode, the node serving on",
+       %{node: node} do
+    for type <- [{:s, 4}, {:u, 2}] do
+      [t, tt] = [tensor_type(type, [2, 3]), tensor_type(type, [3, 2])]
+
+      transpose = """
+      func.func @main(%a: #{t}) -> (#{tt}, #{t}) {
+        %0 = stablehlo.transpose %a, dims = [1, 0] : (#{t}) -> #{tt}
+        return %0, %a : #{tt}, #{t}
+      }
+      """
+
+      assert {:error, {:compile_error, m}} = call(node, {:compile, transpose})
+      assert m =~ "XLA's compiler failed: it threw a C++ exception ("
+      assert m =~ "so the node refuses this program"
+    end
+
+    # The same program as JAX lowers and serializes it (`jit(lambda x: (x.T, x))` on s4[2, 3]).
+    Harness.ensure_kernels!()
+    out = Path.join(System.tmp_dir!(), "xn_types_#{System.unique_integer([:positive])}.mlirbc")
+    on_exit(fn -> File.rm(out) end)
+
+    {log, status} =
+      System.cmd(
+        "python3",
+        [Path.join(@root, "integration/jax/bytecode.py"), out, "int4_transpose"],
+        env: [{"PYTHONPATH", Harness.jax_path()}],
+        stderr_to_stdout: true
+      )
+
+    assert status == 0, "integration/jax/bytecode.py failed:\n#{log}"
+    assert <<"ML", 0xEF, "R", _::binary>> = bytecode = File.read!(out)
+    assert {:error, {:compile_error, m}} = call(node, {:compile, bytecode})
+    assert m =~ "XLA's compiler failed: it threw a C++ exception ("
+
+    # The node still answers, compiles and runs: the same transpose of 8-bit integers.
+    assert call(node, :ping) == :pong
+    assert {:ok, %{compile_errors: errors}} = call(node, :info)
+    assert errors >= 3
+    [t, tt] = [tensor_type({:s, 8}, [2, 3]), tensor_type({:s, 8}, [3, 2])]
+
+    exe =
+      compile!(node, """
+      func.func @main(%a: #{t}) -> (#{tt}, #{t}) {
+        %0 = stablehlo.transpose %a, dims = [1, 0] : (#{t}) -> #{tt}
+        return %0, %a : #{tt}, #{t}
+      }
+      """)
+
+    x = {<<1, 2, 3, 4, 5, 6>>, {{:s, 8}, [2, 3]}}
+
+    assert {:ok, [{<<1, 4, 2, 5, 3, 6>>, {{:s, 8}, [3, 2]}}, ^x]} = call(node, {:run, exe, [x]})
   end
 
   # A module in EXLA's form: parameter 0 the callback handle, one runtime callback taking the

@@ -18,6 +18,7 @@ use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::catch::{call_catching, Thrown};
 use super::error::XlaError;
 use super::sys::*;
 
@@ -126,12 +127,26 @@ impl ApiInner {
     /// `args` must be the argument struct type that `f` expects, fully
     /// initialised as that function requires.
     pub(crate) unsafe fn call<T>(&self, f: ApiFn, args: &mut T) -> Result<(), String> {
-        let f = f.ok_or_else(|| "entry point not provided by this PJRT plugin".to_string())?;
         // SAFETY: guaranteed by the caller (matching argument struct).
-        let err = unsafe { f(args as *mut T as *mut c_void) };
+        unsafe { self.call_or_throw(f, args) }.map_err(|failure| failure.to_string())
+    }
+
+    /// Calls a PJRT entry point through [`call_catching`], telling an error it returned from
+    /// a C++ exception it threw. After a throw, `args` may be half-written: the caller must
+    /// use none of its outputs.
+    ///
+    /// # Safety
+    /// As for [`ApiInner::call`].
+    pub(crate) unsafe fn call_or_throw<T>(&self, f: ApiFn, args: &mut T) -> Result<(), Failure> {
+        let f = f.ok_or_else(|| {
+            Failure::Returned("entry point not provided by this PJRT plugin".to_string())
+        })?;
+        // SAFETY: guaranteed by the caller (matching argument struct).
+        let err =
+            unsafe { call_catching(f, args as *mut T as *mut c_void) }.map_err(Failure::Threw)?;
         match self.take_error(err) {
             None => Ok(()),
-            Some(msg) => Err(msg),
+            Some(msg) => Err(Failure::Returned(msg)),
         }
     }
 
@@ -214,6 +229,24 @@ impl ApiInner {
         // SAFETY: we own `event` and destroy it exactly once.
         if let Err(e) = unsafe { self.call(self.fns().PJRT_Event_Destroy, &mut d) } {
             tracing::warn!("PJRT_Event_Destroy failed: {e}");
+        }
+    }
+}
+
+/// How a call into the plugin failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// It returned an error, with this message.
+    Returned(String),
+    /// It threw a C++ exception.
+    Threw(Thrown),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Returned(message) => f.write_str(message),
+            Failure::Threw(thrown) => thrown.fmt(f),
         }
     }
 }

@@ -23,7 +23,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::buffer::Buffer;
-use super::client::{slice_or_empty, str_from, Client};
+use super::catch::Thrown;
+use super::client::{slice_or_empty, str_from, Client, Failure};
 use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
 use super::known_faults;
@@ -169,7 +170,13 @@ impl Client {
         c.compile_options_size = opts.len();
         // SAFETY: matching args; `program`, `prog`, `format` and `opts` outlive
         // the call (the plugin only reads `code` during compilation).
-        unsafe { api.call(api.fns().PJRT_Client_Compile, &mut c) }.map_err(XlaError::Compile)?;
+        // After a throw `c.executable` may be unset or half-written: it is not looked at.
+        unsafe { api.call_or_throw(api.fns().PJRT_Client_Compile, &mut c) }.map_err(|failure| {
+            match failure {
+                Failure::Returned(message) => XlaError::Compile(message),
+                Failure::Threw(thrown) => XlaError::Compile(compiler_threw(&thrown)),
+            }
+        })?;
         if c.executable.is_null() {
             return Err(XlaError::Compile(
                 "PJRT_Client_Compile returned no executable".into(),
@@ -209,6 +216,18 @@ impl Client {
         exe.non_donatable = (0..exe.parameters.len() as i64).collect();
         Ok(exe)
     }
+}
+
+/// The compile error for a program on which XLA's compiler threw: the node stopped the
+/// exception and refuses the program.
+fn compiler_threw(thrown: &Thrown) -> String {
+    format!(
+        "XLA's compiler failed: it threw a C++ exception ({}) instead of returning an error, \
+         so the node refuses this program. One known cause: a transpose of 2- or 4-bit integers \
+         that XLA turns into a copy (a result among several, or one XLA adds around a gather or \
+         scatter); transpose them as 8-bit integers",
+        thrown.0
+    )
 }
 
 /// Rejects input that is certainly not MLIR; returns the text if it is text.

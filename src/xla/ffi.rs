@@ -29,6 +29,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::catch::call_catching;
 use super::client::Client;
 use super::dtype::{element_count, DType};
 use super::error::XlaError;
@@ -190,7 +191,7 @@ pub(super) unsafe fn answer_metadata_query(f: &XLA_FFI_CallFrame, version: (c_in
 ///
 /// # Safety
 /// `f.api` must be null or point to a valid `XLA_FFI_Api`.
-unsafe fn make_error(f: &XLA_FFI_CallFrame, msg: &str) -> *mut XLA_FFI_Error {
+pub(crate) unsafe fn make_error(f: &XLA_FFI_CallFrame, msg: &str) -> *mut XLA_FFI_Error {
     if f.api.is_null() {
         return std::ptr::null_mut();
     }
@@ -264,12 +265,15 @@ pub fn register_host_handler(
     let api = client.inner().api();
     // SAFETY: matching argument struct; name/platform strings outlive the call
     // (XLA copies them); the trampoline is a static function.
-    let err = unsafe { register(&mut args) };
-    let verified = match api.take_error(err) {
-        Some(msg) => Err(XlaError::Plugin(format!(
+    let registered = unsafe { call_catching(register, &mut args) }.map(|err| api.take_error(err));
+    let verified = match registered {
+        Err(thrown) => Err(XlaError::Plugin(format!(
+            "registering FFI handler {target}: {thrown}"
+        ))),
+        Ok(Some(msg)) => Err(XlaError::Plugin(format!(
             "registering FFI handler {target}: {msg}"
         ))),
-        None => verify_registration(client, target),
+        Ok(None) => verify_registration(client, target),
     };
     match verified {
         Ok(()) => {

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use super::catch::call_catching;
 use super::client::Client;
 use super::ffi;
 use super::sys::*;
@@ -284,7 +285,8 @@ fn query_metadata(
     };
     // SAFETY: the frame, its extension and the metadata it points to live on this stack for the
     // whole call; a metadata query reads nothing else and writes only `metadata`.
-    let error = unsafe { handler(&mut frame) };
+    let error = unsafe { call_catching(handler, &mut frame) }
+        .map_err(|thrown| format!("the handler threw in XLA's metadata query: {thrown}"))?;
     if let Some(message) = take_ffi_error(api, error) {
         return Err(format!(
             "the handler failed XLA's metadata query: {message}"
@@ -331,7 +333,8 @@ fn register(
     };
     // SAFETY: matching argument struct; XLA copies the name and platform; the handler stays
     // valid because its library is never unloaded.
-    let error = unsafe { register(&mut args) };
+    let error = unsafe { call_catching(register, &mut args) }
+        .map_err(|thrown| format!("XLA's registration threw: {thrown}"))?;
     match take_ffi_error(api, error) {
         Some(message) => Err(format!("XLA refused the handler: {message}")),
         None => Ok(()),
@@ -413,9 +416,13 @@ unsafe fn forward(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Er
             return std::ptr::null_mut();
         }
     }
-    match SHIMMED[slot].get() {
-        // SAFETY: the frame is XLA's, passed on unchanged to the handler it was meant for.
-        Some(handler) => unsafe { handler(frame) },
-        None => std::ptr::null_mut(),
+    let Some(&handler) = SHIMMED[slot].get() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the frame is XLA's, passed on unchanged to the handler it was meant for.
+    match unsafe { call_catching(handler, frame) } {
+        Ok(error) => error,
+        // SAFETY: the frame is valid (see above).
+        Err(thrown) => unsafe { ffi::make_error(f, &format!("the kernel threw: {thrown}")) },
     }
 }

@@ -16,6 +16,12 @@
 //! is handed out ([`check_hlo`]), catches sorts in bytecode programs and those XLA introduces
 //! itself. A concatenate in a bytecode program cannot be seen before XLA compiles it, and
 //! aborts.
+//!
+//! One more fault needs no check here: on 2- and 4-bit integers, XLA's compiler throws a C++
+//! exception (`absl::BadStatusOrAccess`, from `CopyThunk`) building the copy it makes of a
+//! transpose (one result among several, or one XLA adds around a gather or scatter). Every call
+//! into the plugin runs inside the C++ frame of `catch` (src/xla/catch.cc), so that throw comes
+//! back as a compile error saying XLA threw, whether the program is text or bytecode.
 
 use super::dtype::DType;
 use super::proto::{sub_message, sub_messages, varint_field};

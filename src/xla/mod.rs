@@ -1,7 +1,8 @@
 //! XLA execution through a PJRT plugin (the XLA CPU plugin by default).
 //!
 //! This is the only part of the crate that contains `unsafe` code: the raw C
-//! bindings (`sys`) and the thin safe wrappers around them (`client`,
+//! bindings (`sys`), the frame that catches the C++ exceptions XLA throws
+//! (`catch`, around `catch.cc`) and the thin safe wrappers around them (`client`,
 //! `buffer`, `executable`, `ffi`, `kernel`). The rest is safe code on top:
 //! `run` (the one way to execute a program: its arguments checked first),
 //! `executor` (compile cache, worker pool), `tensor`, `dtype`, `packing` (how
@@ -11,6 +12,7 @@
 //! with unsafe code allow it.
 
 mod buffer;
+mod catch;
 mod client;
 mod dtype;
 mod error;

@@ -81,9 +81,10 @@ defmodule XlaNode.MLIR do
 
   Not caught here, because they depend on what XLA makes of the program: a `transpose/2` of 2- or
   4-bit integers that XLA turns into a copy (in a function with several results, or one it adds
-  around a gather or scatter) throws inside XLA's compiler, which aborts the node; a `convert/2`
-  of the result of arithmetic on them to a wider type skips the wrap; and `population_count/1`
-  and `count_leading_zeros/1` of them count the bits of the sign-extended byte. Transpose them as
+  around a gather or scatter) makes XLA's compiler throw, which the node turns into a
+  `:compile_error` ("XLA's compiler failed: it threw a C++ exception ..."); a `convert/2` of the
+  result of arithmetic on them to a wider type skips the wrap; and `population_count/1` and
+  `count_leading_zeros/1` of them count the bits of the sign-extended byte. Transpose them as
   8-bit integers, and convert behind an `optimization_barrier/1`, as `XlaNode.Compiler` does.
   """
 

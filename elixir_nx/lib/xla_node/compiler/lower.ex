@@ -880,7 +880,7 @@ defmodule XlaNode.Compiler.Lower do
   #     4-bit ones (XlaNode.MLIR raises on them), nor compile an argmax or argmin (a reduce of
   #     two operands) of 2-bit ones;
   #   * compiles a transpose of 2- or 4-bit integers that it makes a copy (as for a result among
-  #     several, or around a gather or scatter) to a copy that throws, aborting the node;
+  #     several, or around a gather or scatter) to a copy that throws (a compile error);
   # those run on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It
   # has no erfc of 8-bit floats: theirs runs on f32.
   defp computed_in(op, {kind, 2})
