@@ -41,17 +41,41 @@ defmodule XlaNode.LoggingTest do
       ["--sname", sname, "--cookie", to_string(Harness.cookie())] ++
         if(plugin = Harness.plugin_path(), do: ["--pjrt-plugin", plugin], else: [])
 
-    # The node is told to stop (SIGTERM) after 3 s; it exits 0 and unregisters.
-    stop_after_3s = ["timeout", "--preserve-status", "-s", "TERM", "3"]
+    command = "exec " <> Enum.map_join([Harness.bin_path() | node_args], " ", &shell_quote/1)
 
-    command =
-      Enum.map_join(stop_after_3s ++ [Harness.bin_path() | node_args], " ", &shell_quote/1)
+    port =
+      Port.open({:spawn_executable, script}, [
+        :binary,
+        :exit_status,
+        args: ["-qec", command, "/dev/null"]
+      ])
 
-    {output, 0} = System.cmd(script, ["-qec", command, "/dev/null"])
+    # Told to stop only once it is up (a node stopped while it starts may take longer than its
+    # shutdown grace to get there), it exits 0 and unregisters.
+    {started, nil} = read_port(port, "XLA ready", 60_000)
+    {_, 0} = System.cmd("pkill", ["-TERM", "-f", "--", "--sname #{sname} "])
+    {rest, status} = read_port(port, nil, 30_000)
 
+    output = started <> rest
+    assert status == 0, "exit status #{status}; output:\n#{output}"
     assert output =~ "node up (hidden)"
     assert output =~ "\e["
     refute Harness.epmd_registered?(sname)
+  end
+
+  # What `port` writes until `text` appears in it ({output, nil}) or it exits ({output,
+  # status}); fails after `timeout` ms.
+  defp read_port(port, text, timeout, acc \\ "") do
+    receive do
+      {^port, {:data, data}} ->
+        acc = acc <> data
+        if text && acc =~ text, do: {acc, nil}, else: read_port(port, text, timeout, acc)
+
+      {^port, {:exit_status, status}} ->
+        {acc, status}
+    after
+      timeout -> flunk("the node wrote no #{inspect(text)} within #{timeout} ms:\n#{acc}")
+    end
   end
 
   defp shell_quote(arg), do: "'" <> String.replace(arg, "'", ~S('\'')) <> "'"
