@@ -214,6 +214,7 @@ if parts in ["all", "callbacks"] do
           "  where the extra latency goes (medians; the custom call's steps from the trace above):",
           "    the node's own steps (start to written, reply_read to returned): #{Bench.us(own)}  (target <= 6 us)",
           "      of which the request's write (encoded to written): #{Bench.us(t.written - t.encoded)}, waking the waiting thread (delivered to woken): #{Bench.us(t.woken - t.delivered)}",
+          "      and the node's own code (start to encoded, woken to returned): #{Bench.us(t.encoded + t.returned - t.woken)}",
           "    the network and the callback server's node (written to reply_read): #{Bench.us(t.reply_read - t.written)}",
           "    outside the custom call (extra latency minus the custom call's own time: XLA's work around it, and the run's reply to a caller that has idled longer): #{Bench.us(extra - t.returned)}"
         ]
