@@ -9,4 +9,6 @@ pub mod metrics;
 pub mod node;
 pub mod server;
 pub mod tensor_term;
+#[cfg(test)]
+mod test_support;
 pub mod xla;

@@ -75,6 +75,13 @@ impl BusyWait {
         })
     }
 
+    /// How long a CPU is kept busy after each message (zero: never).
+    pub fn window(&self) -> Duration {
+        self.running
+            .as_ref()
+            .map_or(Duration::ZERO, |(shared, _)| shared.window)
+    }
+
     /// How many threads of this process keep a CPU busy now: this thread while busy, and the
     /// callback waiters that claim a place here to poll for their replies.
     pub fn busy_threads(&self) -> &Arc<AtomicUsize> {
@@ -147,18 +154,7 @@ impl Drop for BusyWait {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Polls `condition` for up to 5 s: the thread's transitions need the scheduler's help.
-    fn eventually(condition: impl Fn() -> bool) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(5) {
-            if condition() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        false
-    }
+    use crate::test_support::eventually;
 
     #[test]
     fn stays_busy_for_the_window_after_traffic_then_sleeps() {

@@ -334,6 +334,11 @@ impl Node {
         self.inner.busy_wait.arm();
     }
 
+    /// How long a CPU is kept busy after each message (`--busy-wait-us`; zero: never).
+    pub fn busy_window(&self) -> Duration {
+        self.inner.busy_wait.window()
+    }
+
     /// Threads of this process keeping a CPU busy now; others that would spin claim a place
     /// here (see [`busy_wait`]).
     pub fn busy_threads(&self) -> &Arc<AtomicUsize> {

@@ -39,9 +39,9 @@ pub use plugin::locate_plugin;
 use crate::dispatch::Dispatcher;
 use crate::node::gen;
 use crate::node::{Node, Process, Signal};
-use crate::xla::{Client, Executor};
+use crate::xla::{Client, Executor, IdlePolling};
 use request::Request;
-use schedule::Scheduler;
+use schedule::{CallbackActivity, Scheduler};
 use state::State;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -98,8 +98,16 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
     kernels::load_at_start(&client, &config.kernels)?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");
-    let executor = Executor::with_cache_bound(client, config.max_executables);
-    let scheduler = Scheduler::new(executor.clone(), node.runtime().clone());
+    let calling_back = Arc::new(CallbackActivity::default());
+    let idle_polling = IdlePolling {
+        window: node.busy_window(),
+        allowed: {
+            let calling_back = calling_back.clone();
+            Arc::new(move || calling_back.quiet())
+        },
+    };
+    let executor = Executor::with_idle_polling(client, config.max_executables, idle_polling);
+    let scheduler = Scheduler::new(executor.clone(), node.runtime().clone(), calling_back);
     let heartbeat = watchdog::start(
         node.runtime(),
         watchdog::Watched {

@@ -22,8 +22,9 @@
 
 use crate::xla::{Executor, Job};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Runs executing at once. All runs execute on the client's first device, where XLA's CPU
 /// client blocks the 33rd computation in flight.
@@ -97,6 +98,57 @@ impl State {
     }
 }
 
+/// How long after the last run that called back idle executor threads may poll again.
+const CALLBACK_QUIET: Duration = Duration::from_millis(10);
+
+/// Whether runs of programs that call back are executing, or did lately: idle executor threads
+/// poll for their next job (`xla::executor`'s idle polling) only when none has for
+/// [`CALLBACK_QUIET`]. Measured on two CPUs, polling made a tiny run 16-25 µs faster, and a
+/// run that calls back 23-39 µs slower (its waiting thread's wake-up and the network both
+/// slowed down), even with the polling stopped while a callback waited.
+#[derive(Debug)]
+pub struct CallbackActivity {
+    epoch: Instant,
+    running: AtomicUsize,
+    /// When the last one ended, in nanoseconds after `epoch`.
+    last_end: AtomicU64,
+}
+
+impl Default for CallbackActivity {
+    fn default() -> Self {
+        CallbackActivity {
+            epoch: Instant::now(),
+            running: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+        }
+    }
+}
+
+impl CallbackActivity {
+    /// True when no run that calls back executes and none ended within [`CALLBACK_QUIET`]
+    /// (nor ever, for a node that has run none).
+    pub fn quiet(&self) -> bool {
+        if self.running.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        let last = self.last_end.load(Ordering::Relaxed);
+        last == 0 || self.now().saturating_sub(last) >= CALLBACK_QUIET.as_nanos() as u64
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn started(&self) {
+        self.running.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn ended(&self) {
+        self.last_end.store(self.now().max(1), Ordering::Relaxed);
+        self.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Admits runs to the executor's threads within the bounds above, queues the rest.
 pub struct Scheduler {
     executor: Executor,
@@ -104,16 +156,23 @@ pub struct Scheduler {
     state: Mutex<State>,
     /// Keeps runs that call back out of XLA's line of queued computations.
     pub gate: Arc<Gate>,
+    calling_back: Arc<CallbackActivity>,
 }
 
 impl Scheduler {
-    /// A scheduler whose queue timers run on `runtime`.
-    pub fn new(executor: Executor, runtime: tokio::runtime::Handle) -> Arc<Scheduler> {
+    /// A scheduler whose queue timers run on `runtime`, which records in `calling_back` when
+    /// runs that call back execute.
+    pub fn new(
+        executor: Executor,
+        runtime: tokio::runtime::Handle,
+        calling_back: Arc<CallbackActivity>,
+    ) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             executor,
             runtime,
             state: Mutex::default(),
             gate: Arc::default(),
+            calling_back,
         })
     }
 
@@ -164,6 +223,9 @@ impl Scheduler {
     /// Hands an admitted run to an executor thread; its place is given back when it ends (also
     /// if it panics).
     fn execute(self: &Arc<Self>, calls_back: bool, job: Job) {
+        if calls_back {
+            self.calling_back.started();
+        }
         let place = Place {
             scheduler: self.clone(),
             calls_back,
@@ -176,6 +238,9 @@ impl Scheduler {
 
     /// A run ended: starts the queued runs its place admits.
     fn finished(self: &Arc<Self>, calls_back: bool) {
+        if calls_back {
+            self.calling_back.ended();
+        }
         let mut state = self.lock();
         state.running -= 1;
         state.running_calling_back -= usize::from(calls_back);

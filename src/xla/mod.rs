@@ -33,7 +33,7 @@ pub use client::{Api, Client, DeviceInfo};
 pub use dtype::{element_count, DType, TensorSpec};
 pub use error::XlaError;
 pub use executable::{Argument, Executable};
-pub use executor::{Executor, ExecutorStats, Job, DEFAULT_MAX_CACHED};
+pub use executor::{Executor, ExecutorStats, IdlePolling, Job, DEFAULT_MAX_CACHED};
 pub use ffi::{register_host_handler, Attr, CallFrame, HostHandler, TensorMut, TensorRef};
 pub use kernel::{
     describe_loaded_kernels, load_kernel, loaded_kernels, KernelError, KernelSpec, Loaded,
