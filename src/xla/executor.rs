@@ -57,6 +57,8 @@ struct PoolConfig {
     idle_timeout: Duration,
     /// Whether, and how long, a worker polls the queue after a job.
     idle_polling: Option<IdlePolling>,
+    /// Workers that may poll at once: one per two CPUs, at least one.
+    max_pollers: usize,
 }
 
 /// How a worker that has just finished a job polls the queue: for `window`, while `allowed`
@@ -85,6 +87,7 @@ impl Default for PoolConfig {
             max_workers: 256,
             idle_timeout: Duration::from_secs(30),
             idle_polling: None,
+            max_pollers: (cores / 2).max(1),
         }
     }
 }
@@ -315,8 +318,6 @@ struct PoolState {
 struct Pool {
     /// Jobs in the queue, for polling workers to read without the lock.
     queued: AtomicUsize,
-    /// Workers that may poll at once: one per two CPUs, at least one.
-    max_pollers: usize,
     state: Mutex<PoolState>,
     cv: Condvar,
     config: PoolConfig,
@@ -329,10 +330,8 @@ impl Pool {
             max_workers: config.max_workers.max(config.core_workers.max(1)),
             ..config
         };
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Arc::new(Pool {
             queued: AtomicUsize::new(0),
-            max_pollers: (cpus / 2).max(1),
             state: Mutex::new(PoolState {
                 queue: VecDeque::new(),
                 workers: 0,
@@ -392,7 +391,7 @@ impl Pool {
                     }
                     let poll = self.config.idle_polling.as_ref().filter(|polling| {
                         std::mem::take(&mut just_worked)
-                            && st.polling < self.max_pollers
+                            && st.polling < self.config.max_pollers
                             && (polling.allowed)()
                     });
                     if let Some(polling) = poll {
@@ -466,6 +465,7 @@ mod tests {
                 window,
                 allowed: Arc::new(move || allowed.load(Ordering::SeqCst)),
             }),
+            max_pollers: 1,
         })
     }
 
