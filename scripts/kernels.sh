@@ -8,6 +8,9 @@
 #       the FFI 0.3 headers (xla/ffi/api/*), taken from the jaxlib 0.10.2 wheel.
 #   target/kernels/libxn_test_kernels_ffi02.so, target/kernels/libxn_test_kernels_ffi03.so
 #       integration/kernels/test_kernels.cc built against each header set.
+#   target/kernels/libxn_renamed_platform_plugin.so
+#       integration/kernels/renamed_platform_plugin.c (the CPU plugin under another platform
+#       name), built against the CPU plugin's pjrt_c_api.h (scripts/setup.sh installs it).
 # Each step is skipped when its result is already there; prints nothing then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,3 +72,12 @@ for variant in "02:$JAX_DIR/jaxlib/include" "03:$headers03/jaxlib/include"; do
         mv "$lib.partial" "$lib"
     fi
 done
+
+plugin_include="$data/pjrt/xla_plugins/xla_cpu_pjrt/include"
+src=integration/kernels/renamed_platform_plugin.c
+lib=target/kernels/libxn_renamed_platform_plugin.so
+if [ ! -f "$lib" ] || [ "$src" -nt "$lib" ] || [ "$self" -nt "$lib" ]; then
+    log "building $lib"
+    "${CC:-gcc}" -std=c11 -O2 -fPIC -shared -Wall -isystem "$plugin_include" "$src" -o "$lib.partial" -ldl
+    mv "$lib.partial" "$lib"
+fi

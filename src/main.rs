@@ -20,6 +20,7 @@ use xla_node::node::tls::TlsDist;
 use xla_node::node::{cookie, Node, NodeConfig};
 use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
+use xla_node::xla::{CreateOption, OptionValue};
 
 /// Large messages allocate and free multi-MiB buffers all the time. glibc hands each one back to
 /// the kernel and the next one page-faults in again; mimalloc reuses them, which made encoding and
@@ -84,6 +85,24 @@ struct Cli {
     /// PJRT plugin to load (default: the CPU plugin installed by scripts/setup.sh).
     #[arg(long, env = "XLA_NODE_PJRT_PLUGIN")]
     pjrt_plugin: Option<PathBuf>,
+    /// Whether the plugin takes most of the device's memory at start (the CUDA plugin's
+    /// `preallocate` create option; XLA's default is true, 75% of each GPU). `false` allocates
+    /// as buffers need it, so other processes can share the GPU.
+    #[arg(long, value_name = "BOOL")]
+    preallocate: Option<bool>,
+    /// Fraction of each device's memory the plugin may use, in (0, 1] (the CUDA plugin's
+    /// `memory_fraction` create option).
+    #[arg(long, value_name = "F", value_parser = parse_fraction)]
+    memory_fraction: Option<f32>,
+    /// The devices the plugin uses, by their ids, as `CUDA_VISIBLE_DEVICES` does for JAX
+    /// (the CUDA plugin's `visible_devices` create option).
+    #[arg(long, value_name = "IDS", value_parser = parse_device_ids)]
+    visible_devices: Option<Vec<i64>>,
+    /// Any other create option of the plugin, as KEY=VALUE or KEY:TYPE=VALUE (TYPE: bool, int,
+    /// ints, float, string; without it the value's form decides). Repeatable. An option the
+    /// plugin does not know, or of the wrong type, stops start-up naming it.
+    #[arg(long = "pjrt-option", value_name = "KEY=VALUE", value_parser = CreateOption::parse)]
+    pjrt_options: Vec<CreateOption>,
     /// Default bound, in seconds, on the wait for each host callback's reply.
     #[arg(long, default_value_t = 60)]
     callback_timeout: u64,
@@ -155,6 +174,46 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{text:?} is out of range"))
 }
 
+/// A fraction of device memory: a number in (0, 1].
+fn parse_fraction(text: &str) -> Result<f32, String> {
+    text.trim()
+        .parse::<f32>()
+        .ok()
+        .filter(|f| *f > 0.0 && *f <= 1.0)
+        .ok_or_else(|| format!("{text:?} is not a fraction in (0, 1]"))
+}
+
+/// Device ids separated by commas: `0,2`.
+fn parse_device_ids(text: &str) -> Result<Vec<i64>, String> {
+    xla_node::xla::parse_ints(text)
+        .filter(|ids| !ids.is_empty() && ids.iter().all(|&id| id >= 0))
+        .ok_or_else(|| format!("{text:?} is not a list of device ids (e.g. 0,2)"))
+}
+
+/// The plugin's create options, the named flags first; a name given twice stops start-up.
+fn client_options(cli: &Cli) -> anyhow::Result<Vec<CreateOption>> {
+    let mut options = Vec::new();
+    if let Some(b) = cli.preallocate {
+        options.push(CreateOption::new("preallocate", OptionValue::Bool(b)));
+    }
+    if let Some(f) = cli.memory_fraction {
+        options.push(CreateOption::new("memory_fraction", OptionValue::Float(f)));
+    }
+    if let Some(ids) = &cli.visible_devices {
+        options.push(CreateOption::new(
+            "visible_devices",
+            OptionValue::IntList(ids.clone()),
+        ));
+    }
+    for option in &cli.pjrt_options {
+        if options.iter().any(|o| o.name == option.name) {
+            anyhow::bail!("the plugin option {} is given twice", option.name);
+        }
+        options.push(option.clone());
+    }
+    Ok(options)
+}
+
 /// The TLS settings, read before the node starts: any problem with them stops start-up.
 fn tls_settings(cli: &Cli) -> anyhow::Result<Option<Arc<TlsDist>>> {
     match (cli.proto_dist, &cli.ssl_dist_optfile) {
@@ -193,6 +252,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let tls = tls_settings(&cli)?;
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;
+    let client_options = client_options(&cli)?;
     let config = NodeConfig {
         name: full_name(&cli)?,
         cookie: match &cli.cookie {
@@ -224,6 +284,7 @@ fn main() -> anyhow::Result<()> {
             &node,
             ServerConfig {
                 plugin,
+                client_options,
                 callback_timeout: Duration::from_secs(cli.callback_timeout),
                 callback_spin: Duration::from_micros(cli.callback_spin_us),
                 queue_timeout: (cli.queue_timeout > 0)

@@ -188,8 +188,12 @@ fn env() -> &'static Env {
             &client,
             Duration::from_secs(5),
             Duration::from_micros(200),
-        )
-        .expect("install");
+        );
+        assert!(
+            dispatcher.host_callbacks(),
+            "the callback targets are registered on the CPU plugin: {:?}",
+            dispatcher.unavailable_reason()
+        );
         let (a, b) = std::thread::scope(|s| {
             let a = s.spawn(|| start_peer(&node, &format!("dispa{tag}"), "server", 1));
             let b = s.spawn(|| start_peer(&node, &format!("dispb{tag}"), "server", 2));

@@ -48,6 +48,8 @@ pub const RUNTIME_CALLBACK: &str = "exla_runtime_callback";
 pub const BEAM_OUTFEED: &str = "exla_beam_outfeed";
 /// FFI target that asks a stream process for the next value.
 pub const BEAM_INFEED: &str = "exla_beam_infeed";
+/// Every custom-call target the dispatcher serves.
+pub const CALLBACK_TARGETS: [&str; 3] = [RUNTIME_CALLBACK, BEAM_OUTFEED, BEAM_INFEED];
 
 /// Counters of the dispatcher, for `:info` and `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -139,6 +141,8 @@ impl Counters {
 /// Serves the callback custom calls of every run on one client.
 pub struct Dispatcher {
     node: Node,
+    /// Why programs of this client cannot call back, if they cannot (`None`: they can).
+    unavailable: Option<String>,
     default_timeout: Duration,
     runs: Mutex<HashMap<u64, Arc<RunState>>>,
     waiters: wait::Waiters,
@@ -148,7 +152,10 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     /// Registers the FFI targets `exla_runtime_callback`, `exla_beam_outfeed`, `exla_beam_infeed`
-    /// on the client (platform Host), verifying each with a test compile.
+    /// for the client's platform, verifying each with a test compile. Where that cannot be done
+    /// (a platform the node has no handler for, a plugin that refuses them) the dispatcher is made
+    /// all the same and [`Dispatcher::host_callbacks`] says false: programs that call back do not
+    /// compile there, and clients split them at their callbacks instead.
     ///
     /// The registration is process-wide (XLA's FFI registry is): installing a second dispatcher
     /// routes every later callback to the new one. `default_timeout` bounds each wait for a
@@ -159,16 +166,36 @@ impl Dispatcher {
         client: &Client,
         default_timeout: Duration,
         reply_spin: Duration,
-    ) -> Result<Arc<Dispatcher>, XlaError> {
-        let watches = Arc::new(watch::Watches::new(node.clone()));
-        let dispatcher = Arc::new(Dispatcher {
-            waiters: wait::Waiters::new(node.clone(), watches, reply_spin),
-            streams: streams::Streams::new(node.clone()),
-            node,
-            default_timeout,
-            runs: Mutex::new(HashMap::new()),
-            counters: Counters::default(),
-        });
+    ) -> Arc<Dispatcher> {
+        // The handlers hold the dispatcher weakly: XLA's registry keeps them forever, and must
+        // not keep the node alive.
+        Arc::new_cyclic(|dispatcher: &Weak<Dispatcher>| {
+            let registered = Self::register_targets(client, dispatcher);
+            let watches = Arc::new(watch::Watches::new(node.clone()));
+            Dispatcher {
+                unavailable: registered.err().map(|e| e.message().to_string()),
+                waiters: wait::Waiters::new(node.clone(), watches, reply_spin),
+                streams: streams::Streams::new(node.clone()),
+                node,
+                default_timeout,
+                runs: Mutex::new(HashMap::new()),
+                counters: Counters::default(),
+            }
+        })
+    }
+
+    /// Whether programs of this node's client can make host callbacks (`:info`'s
+    /// `host_callbacks`).
+    pub fn host_callbacks(&self) -> bool {
+        self.unavailable.is_none()
+    }
+
+    /// Why programs cannot make host callbacks, when they cannot.
+    pub fn unavailable_reason(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
+    fn register_targets(client: &Client, dispatcher: &Weak<Dispatcher>) -> Result<(), XlaError> {
         type Handler = fn(&Dispatcher, &mut CallFrame<'_>) -> Result<(), String>;
         let targets: [(&str, Handler); 3] = [
             (RUNTIME_CALLBACK, handlers::runtime_callback),
@@ -176,8 +203,7 @@ impl Dispatcher {
             (BEAM_INFEED, handlers::infeed),
         ];
         for (target, handler) in targets {
-            // Weak: XLA's registry keeps handlers forever; it must not keep the node alive.
-            let weak: Weak<Dispatcher> = Arc::downgrade(&dispatcher);
+            let weak = dispatcher.clone();
             let host: HostHandler = Arc::new(move |frame: &mut CallFrame<'_>| {
                 crate::node::probe::entered();
                 let result = match weak.upgrade() {
@@ -189,7 +215,7 @@ impl Dispatcher {
             });
             register_host_handler(client, target, host)?;
         }
-        Ok(dispatcher)
+        Ok(())
     }
 
     /// Opens the callback context of one run, on the thread that executes it: `handle` = the

@@ -9,6 +9,7 @@ use super::error::RequestError;
 use super::parse::{argument, keywords, Elements};
 use super::resources::{Program, Resource};
 use super::state::State;
+use crate::dispatch;
 use crate::node::gen::From;
 use crate::xla::XlaError;
 use eetf::Term;
@@ -53,22 +54,35 @@ impl CompileRequest {
                 Term::from(state.register(exe, &from.pid))
             });
             state.compile_time.record(started.elapsed());
-            state.reply_result(&from, compiled.map_err(|e| with_kernels(e).into()));
+            let explained = compiled.map_err(|e| explain_missing_handler(e, state).into());
+            state.reply_result(&from, explained);
         });
     }
 }
 
-/// A compile error about a custom-call target XLA has no handler for also lists the kernels
-/// that are loaded: the usual cause is a kernel that was never loaded, or loaded under another
-/// name.
-fn with_kernels(error: XlaError) -> XlaError {
-    match error {
-        XlaError::Compile(message) if message.contains("No FFI handler registered for") => {
-            XlaError::Compile(format!(
-                "{message}. {}",
-                crate::xla::describe_loaded_kernels()
-            ))
-        }
-        other => other,
-    }
+/// A compile error about a custom-call target XLA has no handler for says why: for a callback
+/// target on a node whose platform runs no host callbacks, that reason; otherwise the kernels
+/// that are loaded (the usual cause is a kernel that was never loaded, or loaded under another
+/// name).
+fn explain_missing_handler(error: XlaError, state: &State) -> XlaError {
+    const MISSING: &str = "No FFI handler registered for ";
+    let XlaError::Compile(message) = error else {
+        return error;
+    };
+    let Some(at) = message.find(MISSING) else {
+        return XlaError::Compile(message);
+    };
+    let target = message[at + MISSING.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default();
+    let callbacks_off = state.dispatcher.unavailable_reason();
+    let why = match callbacks_off {
+        Some(reason) if dispatch::CALLBACK_TARGETS.contains(&target) => format!(
+            "This node runs no host callbacks ({reason}): split the program at its callbacks \
+             (XlaNode.Compiler does when :info says host_callbacks: false)."
+        ),
+        _ => crate::xla::describe_loaded_kernels(),
+    };
+    XlaError::Compile(format!("{message}. {why}"))
 }

@@ -9,7 +9,7 @@ use crate::dispatch::Outcome;
 use crate::metrics::Snapshot;
 use crate::node::term::{atom, binary, boolean, int, list};
 use crate::node::{probe, traffic};
-use crate::xla::{loaded_kernels, LoadedKernel};
+use crate::xla::{loaded_kernels, DeviceMemory, LoadedKernel};
 use eetf::{Float, Map, Term};
 use std::collections::HashMap;
 
@@ -37,7 +37,11 @@ pub fn info(state: &State) -> Term {
         ("platform", text(client.platform_name())),
         ("platform_version", text(client.platform_version())),
         ("devices", list(devices)),
-        ("host_callbacks", boolean(client.runs_host_handlers())),
+        (
+            "device_info",
+            list(client.device_memory().iter().map(device).collect()),
+        ),
+        ("host_callbacks", boolean(state.dispatcher.host_callbacks())),
         ("plugin", text(state.plugin.display().to_string())),
         ("pjrt_api_version", text(format!("{major}.{minor}"))),
         ("executables", int(held.executables as i64)),
@@ -68,6 +72,18 @@ pub fn info(state: &State) -> Term {
             "kernels",
             list(loaded_kernels().iter().map(kernel).collect()),
         ),
+    ])
+}
+
+/// One device: its id and kind, and its memory where the plugin reports it (`nil` otherwise).
+fn device(d: &DeviceMemory) -> Term {
+    let bytes = |n: Option<i64>| n.map_or_else(|| atom("nil"), int);
+    map(vec![
+        ("id", int(d.id as i64)),
+        ("kind", text(&d.kind)),
+        ("bytes_in_use", bytes(d.bytes_in_use)),
+        ("peak_bytes_in_use", bytes(d.peak_bytes_in_use)),
+        ("bytes_limit", bytes(d.bytes_limit)),
     ])
 }
 

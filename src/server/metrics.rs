@@ -12,6 +12,7 @@ use crate::dispatch::Outcome;
 use crate::metrics::endpoint::Render;
 use crate::metrics::Snapshot;
 use crate::node::traffic;
+use crate::xla::DeviceMemory;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -221,6 +222,8 @@ impl Collector for Families {
             state.device_budget.in_flight() as f64,
         )?;
 
+        device_memory(&mut out, &client.device_memory())?;
+
         let errors: Vec<(&str, u64)> = state
             .errors
             .counts()
@@ -291,6 +294,44 @@ fn gauge(
 ) -> fmt::Result {
     let gauge = ConstGauge::new(value);
     gauge.encode(out.encode_descriptor(name, help, unit, gauge.metric_type())?)
+}
+
+/// Each device's memory as the plugin reports it, one series per device (labelled as `:info`'s
+/// `devices` name it); a figure no device reports is left out.
+fn device_memory(out: &mut DescriptorEncoder, devices: &[DeviceMemory]) -> fmt::Result {
+    type Figure = fn(&DeviceMemory) -> Option<i64>;
+    let figures: [(&str, &str, Figure); 3] = [
+        (
+            "device_memory_in_use",
+            "Device memory in use, per device, as the PJRT plugin reports it.",
+            |d| d.bytes_in_use,
+        ),
+        (
+            "device_memory_peak",
+            "The most device memory in use so far, per device, as the PJRT plugin reports it.",
+            |d| d.peak_bytes_in_use,
+        ),
+        (
+            "device_memory_limit",
+            "Device memory the plugin's allocator may use, per device.",
+            |d| d.bytes_limit,
+        ),
+    ];
+    for (name, help, figure) in figures {
+        let reported: Vec<(String, i64)> = devices
+            .iter()
+            .filter_map(|d| figure(d).map(|n| (format!("{}:{}", d.kind, d.id), n)))
+            .collect();
+        if reported.is_empty() {
+            continue;
+        }
+        let mut family =
+            out.encode_descriptor(name, help, Some(&Unit::Bytes), MetricType::Gauge)?;
+        for (device, n) in reported {
+            ConstGauge::new(n).encode(family.encode_family(&[("device", device.as_str())])?)?;
+        }
+    }
+    Ok(())
 }
 
 fn counter(

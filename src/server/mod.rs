@@ -39,7 +39,7 @@ pub use plugin::locate_plugin;
 use crate::dispatch::Dispatcher;
 use crate::node::gen;
 use crate::node::{Node, Process, Signal};
-use crate::xla::{Client, Executor, IdlePolling};
+use crate::xla::{Api, Client, CreateOption, Executor, IdlePolling};
 use request::Request;
 use schedule::{CallbackActivity, Scheduler};
 use state::State;
@@ -49,6 +49,8 @@ use std::time::Duration;
 
 pub struct ServerConfig {
     pub plugin: PathBuf,
+    /// The plugin's create options (`--preallocate`, `--pjrt-option`, ...).
+    pub client_options: Vec<CreateOption>,
     pub callback_timeout: Duration,
     /// How long a thread waiting for a callback's reply polls before it sleeps.
     pub callback_spin: Duration,
@@ -85,16 +87,28 @@ impl Drop for ServerHandle {
 
 /// Loads the plugin, installs the callback targets, loads the start-up kernels and starts `:xla` and `net_kernel`.
 pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> {
-    let client = Client::from_plugin(&config.plugin)
+    let client = Api::load(&config.plugin)
+        .and_then(|api| Client::with_options(&api, &config.client_options))
         .map_err(|e| anyhow::anyhow!("cannot load PJRT plugin {}: {e}", config.plugin.display()))?;
-    tracing::info!(plugin = %config.plugin.display(), platform = client.platform_name(), devices = client.devices().len(), "XLA ready");
+    let options: Vec<String> = config
+        .client_options
+        .iter()
+        .map(|o| o.to_string())
+        .collect();
+    tracing::info!(plugin = %config.plugin.display(), platform = client.platform_name(), devices = client.devices().len(), options = %options.join(" "), "XLA ready");
     let dispatcher = Dispatcher::install(
         node.clone(),
         &client,
         config.callback_timeout,
         config.callback_spin,
-    )
-    .map_err(|e| anyhow::anyhow!("cannot install the callback targets: {e}"))?;
+    );
+    if let Some(reason) = dispatcher.unavailable_reason() {
+        tracing::warn!(
+            platform = client.platform_name(),
+            "host callbacks off (:info's host_callbacks: false): {reason}; programs that call \
+             back do not compile here, split them at their callbacks (XlaNode.Compiler does)"
+        );
+    }
     kernels::load_at_start(&client, &config.kernels)?;
     let net_kernel = node.spawn_registered("net_kernel");
     let xla = node.spawn_registered("xla");

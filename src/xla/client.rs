@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use super::catch::{call_catching, Thrown};
 use super::error::XlaError;
+use super::options::{CreateOption, OptionValue};
 use super::sys::*;
 
 pub(crate) struct ApiInner {
@@ -272,12 +273,24 @@ pub struct DeviceInfo {
     pub addressable: bool,
 }
 
+/// One device's memory, in bytes, as its plugin reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub id: i32,
+    pub kind: String,
+    pub bytes_in_use: Option<i64>,
+    pub peak_bytes_in_use: Option<i64>,
+    pub bytes_limit: Option<i64>,
+}
+
 pub(crate) struct ClientInner {
     pub(crate) api: Api,
     pub(crate) raw: *mut PJRT_Client,
     platform_name: String,
     platform_version: String,
     devices: Vec<DeviceInfo>,
+    /// The plugin's handle of each of `devices`, in the same order.
+    device_handles: Vec<*mut PJRT_Device>,
     /// Addressable devices, in client order; index 0 is the default device.
     pub(crate) addressable: Vec<*mut PJRT_Device>,
     pub(crate) is_cpu: bool,
@@ -320,13 +333,65 @@ impl fmt::Debug for Client {
 }
 
 impl Client {
-    /// Creates a client with default options.
+    /// Creates a client with the plugin's default options.
     pub fn new(api: &Api) -> Result<Client, XlaError> {
+        Client::with_options(api, &[])
+    }
+
+    /// Creates a client with `options` (the plugin refuses a name it does not know or a value of
+    /// the wrong type, and the error says which).
+    pub fn with_options(api: &Api, options: &[CreateOption]) -> Result<Client, XlaError> {
         let a = &api.0;
+        // Each value's bytes (strings, int lists) must outlive the call; PJRT copies them.
+        let int_lists: Vec<&[i64]> = options
+            .iter()
+            .map(|o| match &o.value {
+                OptionValue::IntList(l) => l.as_slice(),
+                _ => &[],
+            })
+            .collect();
+        let named: Vec<PJRT_NamedValue> = options
+            .iter()
+            .zip(&int_lists)
+            .map(|(o, list)| {
+                let (type_, value, value_size) = match &o.value {
+                    OptionValue::Str(s) => (PJRT_NAMED_VALUE_STRING, s.as_ptr() as u64, s.len()),
+                    OptionValue::Int(i) => (PJRT_NAMED_VALUE_INT64, *i as u64, 1),
+                    OptionValue::IntList(_) => (
+                        PJRT_NAMED_VALUE_INT64_LIST,
+                        list.as_ptr() as u64,
+                        list.len(),
+                    ),
+                    OptionValue::Float(x) => (PJRT_NAMED_VALUE_FLOAT, x.to_bits() as u64, 1),
+                    OptionValue::Bool(b) => (PJRT_NAMED_VALUE_BOOL, *b as u64, 1),
+                };
+                PJRT_NamedValue {
+                    struct_size: PJRT_NamedValue::SIZE,
+                    extension_start: std::ptr::null_mut(),
+                    name: o.name.as_ptr() as *const _,
+                    name_size: o.name.len(),
+                    type_,
+                    value,
+                    value_size,
+                }
+            })
+            .collect();
         let mut c = PJRT_Client_Create_Args::new();
-        // SAFETY: matching argument struct; no options, no KV callbacks.
-        unsafe { a.call(a.fns().PJRT_Client_Create, &mut c) }
-            .map_err(|e| XlaError::Plugin(format!("PJRT_Client_Create: {e}")))?;
+        c.create_options = named.as_ptr();
+        c.num_options = named.len();
+        // SAFETY: matching argument struct; the options' names and values live in `options`
+        // and `named` until the call returns; no KV callbacks.
+        unsafe { a.call(a.fns().PJRT_Client_Create, &mut c) }.map_err(|e| {
+            if options.is_empty() {
+                XlaError::Plugin(format!("PJRT_Client_Create: {e}"))
+            } else {
+                let given: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+                XlaError::Plugin(format!(
+                    "PJRT_Client_Create with options {}: {e}",
+                    given.join(", ")
+                ))
+            }
+        })?;
         if c.client.is_null() {
             return Err(XlaError::Plugin(
                 "PJRT_Client_Create returned no client".into(),
@@ -338,6 +403,7 @@ impl Client {
             platform_name: String::new(),
             platform_version: String::new(),
             devices: Vec::new(),
+            device_handles: Vec::new(),
             addressable: Vec::new(),
             is_cpu: false,
         };
@@ -371,6 +437,7 @@ impl Client {
         };
         for dev in devices {
             inner.devices.push(device_info(a, dev).map_err(plugin)?);
+            inner.device_handles.push(dev);
         }
         let mut ad = PJRT_Client_AddressableDevices_Args::new();
         ad.client = inner.raw;
@@ -408,12 +475,6 @@ impl Client {
         }
     }
 
-    /// Whether this client's programs can call the host handlers (`register_host_handler`):
-    /// those are registered for XLA's Host platform, which only CPU programs run on.
-    pub fn runs_host_handlers(&self) -> bool {
-        self.ffi_platform() == "Host"
-    }
-
     /// Platform version string.
     pub fn platform_version(&self) -> &str {
         &self.0.platform_version
@@ -422,6 +483,31 @@ impl Client {
     /// All devices of the client.
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.0.devices.clone()
+    }
+
+    /// Each device's memory as the plugin reports it now (figures it does not report are
+    /// `None`; the CPU plugin reports none).
+    pub fn device_memory(&self) -> Vec<DeviceMemory> {
+        let a = &self.0.api.0;
+        self.0
+            .devices
+            .iter()
+            .zip(&self.0.device_handles)
+            .map(|(info, &dev)| {
+                let mut m = PJRT_Device_MemoryStats_Args::new();
+                m.device = dev;
+                // SAFETY: `dev` is a device of the live client; matching args.
+                let reported = unsafe { a.call(a.fns().PJRT_Device_MemoryStats, &mut m) }.is_ok();
+                let set = |value: i64, is_set: bool| (reported && is_set).then_some(value);
+                DeviceMemory {
+                    id: info.id,
+                    kind: info.kind.clone(),
+                    bytes_in_use: set(m.bytes_in_use, true),
+                    peak_bytes_in_use: set(m.peak_bytes_in_use, m.peak_bytes_in_use_is_set),
+                    bytes_limit: set(m.bytes_limit, m.bytes_limit_is_set),
+                }
+            })
+            .collect()
     }
 
     /// The plugin this client was created from.

@@ -1,7 +1,10 @@
 //! Host custom-call handlers (XLA FFI, `api_version = 4` custom calls).
 //!
-//! Lets Rust closures serve `stablehlo.custom_call @target(...)` ops running
-//! on the CPU ("Host") platform, e.g. EXLA's `@exla_runtime_callback`.
+//! Lets Rust closures serve `stablehlo.custom_call @target(...)` ops, e.g. EXLA's
+//! `@exla_runtime_callback`, in programs of the client's own platform: on the CPU ("Host") the
+//! closure reads and writes the call's buffers in place; inside a CUDA program its operands are
+//! first copied to the host on the call's stream and its results copied back after it (`cuda`),
+//! so the closure sees the same host bytes on both.
 //!
 //! Registration goes through the PJRT FFI extension (type 5 in the plugin's
 //! extension chain). An `XLA_FFI_Handler` is a bare C function pointer with no
@@ -26,11 +29,12 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CString};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::catch::call_catching;
 use super::client::Client;
+use super::cuda;
 use super::dtype::{element_count, DType};
 use super::error::XlaError;
 use super::packing;
@@ -44,6 +48,39 @@ pub const MAX_HANDLERS: usize = 16;
 
 static SLOTS: [RwLock<Option<HostHandler>>; MAX_HANDLERS] =
     [const { RwLock::new(None) }; MAX_HANDLERS];
+
+/// Whether each slot's handler serves CUDA programs (its buffers are device memory).
+static SLOT_ON_GPU: [AtomicBool; MAX_HANDLERS] = [const { AtomicBool::new(false) }; MAX_HANDLERS];
+
+/// The platforms whose programs the handlers can serve, as XLA's FFI registry names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerPlatform {
+    /// The CPU: buffers are host memory.
+    Host,
+    /// NVIDIA GPUs: buffers are device memory, copied through the call's stream.
+    Cuda,
+}
+
+impl HandlerPlatform {
+    /// The platform the handlers would serve on `client`, or why there is none.
+    pub fn of(client: &Client) -> Result<HandlerPlatform, XlaError> {
+        match client.ffi_platform() {
+            "Host" => Ok(HandlerPlatform::Host),
+            "CUDA" => Ok(HandlerPlatform::Cuda),
+            _ => Err(XlaError::Plugin(format!(
+                "the node has no host-callback handler for platform {:?} (only for cpu and cuda)",
+                client.platform_name()
+            ))),
+        }
+    }
+
+    fn registry_name(self) -> &'static [u8] {
+        match self {
+            HandlerPlatform::Host => b"Host",
+            HandlerPlatform::Cuda => b"CUDA",
+        }
+    }
+}
 
 /// target name → slot index (process-wide, like XLA's own registry), and the
 /// next unused slot (slots are never reused: XLA may keep a registration).
@@ -138,9 +175,26 @@ unsafe fn dispatch(slot: usize, frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_E
     };
     let mut cf = CallFrame {
         raw: frame,
+        host: None,
         _life: PhantomData,
     };
-    let result = catch_unwind(AssertUnwindSafe(|| handler(&mut cf)));
+    let staged = if SLOT_ON_GPU[slot].load(Ordering::Relaxed) {
+        // SAFETY: valid frame of a CUDA program's running call (see above).
+        match unsafe { cf.stage_on_host() } {
+            Ok(staged) => Some(staged),
+            // SAFETY: valid frame (see above).
+            Err(msg) => return unsafe { make_error(f, &msg) },
+        }
+    } else {
+        None
+    };
+    let mut result = catch_unwind(AssertUnwindSafe(|| handler(&mut cf)));
+    if let Some(staged) = staged {
+        let handled = matches!(result, Ok(Ok(())));
+        if let Err(msg) = staged.finish(handled) {
+            result = Ok(Err(msg));
+        }
+    }
     match result {
         Ok(Ok(())) => std::ptr::null_mut(),
         // SAFETY: valid frame (see above).
@@ -219,7 +273,8 @@ pub(crate) fn valid_target_name(target: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '$'))
 }
 
-/// Registers `handler` for custom-call target `target` on the Host platform.
+/// Registers `handler` for custom-call target `target` on the client's platform (see
+/// [`HandlerPlatform`]; another platform is an error saying so).
 ///
 /// Registering a target again replaces its handler (XLA keeps the first
 /// registration, which points at the same trampoline). Registration is
@@ -234,10 +289,12 @@ pub fn register_host_handler(
             "invalid custom-call target name {target:?}"
         )));
     }
+    let platform = HandlerPlatform::of(client)?;
     let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     let (reg, next_slot) = reg.get_or_insert_with(|| (HashMap::new(), 0));
     if let Some(&slot) = reg.get(target) {
         *SLOTS[slot].write().unwrap_or_else(|p| p.into_inner()) = Some(handler);
+        SLOT_ON_GPU[slot].store(platform == HandlerPlatform::Cuda, Ordering::Relaxed);
         return Ok(());
     }
     let slot = *next_slot;
@@ -252,7 +309,8 @@ pub fn register_host_handler(
         .ok_or_else(|| XlaError::Plugin("FFI extension has no register_handler".into()))?;
     *next_slot += 1;
     *SLOTS[slot].write().unwrap_or_else(|p| p.into_inner()) = Some(handler);
-    let platform = b"Host";
+    SLOT_ON_GPU[slot].store(platform == HandlerPlatform::Cuda, Ordering::Relaxed);
+    let platform = platform.registry_name();
     let mut args = PJRT_FFI_Register_Handler_Args {
         struct_size: PJRT_FFI_Register_Handler_Args::SIZE,
         target_name: target.as_ptr() as *const _,
@@ -393,7 +451,16 @@ impl TensorMut<'_> {
 /// Safe view of one custom-call invocation.
 pub struct CallFrame<'a> {
     raw: *mut XLA_FFI_CallFrame,
+    /// Inside a CUDA program: the host copies that stand for the call's device buffers.
+    host: Option<HostCopies>,
     _life: PhantomData<&'a mut XLA_FFI_CallFrame>,
+}
+
+/// Host addresses that replace the device addresses of a call's buffers, by list position
+/// (null for entries that are not buffers).
+struct HostCopies {
+    args: Vec<*mut u8>,
+    rets: Vec<*mut u8>,
 }
 
 struct RawTensor {
@@ -429,7 +496,83 @@ impl CallFrame<'_> {
         unsafe { &*self.raw }
     }
 
-    /// Reads entry `i` of an args/rets list as a buffer.
+    /// Entry `i` of the operands (`rets` false) or results as a buffer, at its host address.
+    fn buffer(&self, rets: bool, i: usize) -> Option<RawTensor> {
+        let f = self.frame();
+        let list = if rets { &f.rets } else { &f.args };
+        let mut t = Self::raw_tensor(list, i)?;
+        if let Some(host) = &self.host {
+            let copies = if rets { &host.rets } else { &host.args };
+            t.data = copies.get(i).copied().unwrap_or(std::ptr::null_mut());
+        }
+        Some(t)
+    }
+
+    /// Copies the operands of a call inside a CUDA program to the host, and sets aside host
+    /// room for its results; the frame's views then show those host copies.
+    ///
+    /// # Safety
+    /// The frame must be that of a running call of a CUDA program, as XLA passes it.
+    unsafe fn stage_on_host(&mut self) -> Result<cuda::Staged, String> {
+        let f = self.frame();
+        let reaches_stream_get = |api: &&XLA_FFI_Api| {
+            api.struct_size >= std::mem::offset_of!(XLA_FFI_Api, XLA_FFI_Stream_Get) + 8
+        };
+        // SAFETY: `f.api` is XLA's static FFI table (null-checked), loaded for the life of the
+        // process; `struct_size` says whether it reaches `XLA_FFI_Stream_Get`.
+        let api: &'static XLA_FFI_Api = unsafe { f.api.as_ref() }
+            .filter(reaches_stream_get)
+            .ok_or("the plugin's FFI gives no stream to a callback inside a GPU program")?;
+        let stream_get = api
+            .XLA_FFI_Stream_Get
+            .ok_or("the plugin's FFI gives no stream to a callback inside a GPU program")?;
+        let mut args = XLA_FFI_Stream_Get_Args {
+            struct_size: XLA_FFI_Stream_Get_Args::SIZE,
+            extension_start: std::ptr::null_mut(),
+            ctx: f.ctx,
+            stream: std::ptr::null_mut(),
+        };
+        // SAFETY: matching argument struct; `ctx` is the running call's execution context.
+        let err = unsafe { stream_get(&mut args) };
+        if let Some(msg) = super::kernel::take_ffi_error(api, err) {
+            return Err(format!("getting the callback's CUDA stream: {msg}"));
+        }
+        let regions = |list: &XLA_FFI_Args| -> Vec<(usize, cuda::DeviceRegion)> {
+            (0..Self::list_len(list))
+                .filter_map(|i| Self::raw_tensor(list, i).map(|t| (i, t)))
+                .map(|(i, t)| {
+                    (
+                        i,
+                        cuda::DeviceRegion {
+                            device: t.data,
+                            len: t.len,
+                        },
+                    )
+                })
+                .collect()
+        };
+        let (operands, results) = (regions(&f.args), regions(&f.rets));
+        let strip =
+            |v: &[(usize, cuda::DeviceRegion)]| v.iter().map(|(_, r)| *r).collect::<Vec<_>>();
+        // SAFETY: `args.stream` is the call's stream and the regions its buffers (the
+        // function's contract).
+        let staged = unsafe { cuda::stage(args.stream, &strip(&operands), &strip(&results)) }?;
+        let place = |len: usize, entries: &[(usize, cuda::DeviceRegion)], hosts: &[*mut u8]| {
+            let mut by_position = vec![std::ptr::null_mut(); len];
+            for ((i, _), host) in entries.iter().zip(hosts) {
+                by_position[*i] = *host;
+            }
+            by_position
+        };
+        let host = HostCopies {
+            args: place(Self::list_len(&f.args), &operands, &staged.operands),
+            rets: place(Self::list_len(&f.rets), &results, &staged.results),
+        };
+        self.host = Some(host);
+        Ok(staged)
+    }
+
+    /// Reads entry `i` of an args/rets list as a buffer, at the address XLA gave.
     fn raw_tensor(list: &XLA_FFI_Args, i: usize) -> Option<RawTensor> {
         // SAFETY: `i < list.size`, checked by callers; `types` and `args`
         // have `size` entries; a BUFFER entry points to an `XLA_FFI_Buffer`
@@ -464,9 +607,8 @@ impl CallFrame<'_> {
 
     /// Operands (non-buffer operands, e.g. tokens, are skipped).
     pub fn args(&self) -> Vec<TensorRef<'_>> {
-        let list = &self.frame().args;
-        (0..Self::list_len(list))
-            .filter_map(|i| Self::raw_tensor(list, i))
+        (0..Self::list_len(&self.frame().args))
+            .filter_map(|i| self.buffer(false, i))
             .map(|t| TensorRef {
                 dtype: t.dtype(),
                 xla_type: t.xla_type,
@@ -486,9 +628,8 @@ impl CallFrame<'_> {
 
     /// Result types (no data), usable while holding [`CallFrame::args`].
     pub fn ret_specs(&self) -> Vec<(Option<DType>, Vec<i64>)> {
-        let list = &self.frame().rets;
-        (0..Self::list_len(list))
-            .filter_map(|i| Self::raw_tensor(list, i))
+        (0..Self::list_len(&self.frame().rets))
+            .filter_map(|i| self.buffer(true, i))
             .map(|t| (t.dtype(), t.dims))
             .collect()
     }
@@ -498,10 +639,10 @@ impl CallFrame<'_> {
     pub fn ret_aliases(&self) -> Vec<Option<usize>> {
         let f = self.frame();
         let args: Vec<Option<RawTensor>> = (0..Self::list_len(&f.args))
-            .map(|i| Self::raw_tensor(&f.args, i))
+            .map(|i| self.buffer(false, i))
             .collect();
         (0..Self::list_len(&f.rets))
-            .filter_map(|i| Self::raw_tensor(&f.rets, i))
+            .filter_map(|i| self.buffer(true, i))
             .map(|r| {
                 args.iter().position(|a| {
                     a.as_ref()
@@ -514,9 +655,8 @@ impl CallFrame<'_> {
     /// Writable results. Fails if two results overlap in memory (the
     /// slices could not be handed out as disjoint `&mut`).
     pub fn rets_mut(&mut self) -> Result<Vec<TensorMut<'_>>, String> {
-        let list = &self.frame().rets;
-        let raws: Vec<RawTensor> = (0..Self::list_len(list))
-            .filter_map(|i| Self::raw_tensor(list, i))
+        let raws: Vec<RawTensor> = (0..Self::list_len(&self.frame().rets))
+            .filter_map(|i| self.buffer(true, i))
             .collect();
         for (i, a) in raws.iter().enumerate() {
             for b in &raws[i + 1..] {

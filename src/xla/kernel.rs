@@ -342,7 +342,10 @@ fn register(
 }
 
 /// The message of an `XLA_FFI_Error` (which is then destroyed), or `None` for success.
-fn take_ffi_error(api: &'static XLA_FFI_Api, error: *mut XLA_FFI_Error) -> Option<String> {
+pub(super) fn take_ffi_error(
+    api: &'static XLA_FFI_Api,
+    error: *mut XLA_FFI_Error,
+) -> Option<String> {
     if error.is_null() {
         return None;
     }

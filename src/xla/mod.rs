@@ -14,6 +14,7 @@
 mod buffer;
 mod catch;
 mod client;
+mod cuda;
 mod dtype;
 mod error;
 mod executable;
@@ -21,6 +22,7 @@ mod executor;
 pub mod ffi;
 mod kernel;
 mod known_faults;
+mod options;
 pub mod packing;
 mod proto;
 mod run;
@@ -29,15 +31,18 @@ mod sys;
 mod tensor;
 
 pub use buffer::Buffer;
-pub use client::{Api, Client, DeviceInfo};
+pub use client::{Api, Client, DeviceInfo, DeviceMemory};
 pub use dtype::{element_count, DType, TensorSpec};
 pub use error::XlaError;
 pub use executable::{Argument, Executable};
 pub use executor::{Executor, ExecutorStats, IdlePolling, Job, DEFAULT_MAX_CACHED};
-pub use ffi::{register_host_handler, Attr, CallFrame, HostHandler, TensorMut, TensorRef};
+pub use ffi::{
+    register_host_handler, Attr, CallFrame, HandlerPlatform, HostHandler, TensorMut, TensorRef,
+};
 pub use kernel::{
     describe_loaded_kernels, load_kernel, loaded_kernels, KernelError, KernelSpec, Loaded,
     LoadedKernel,
 };
+pub use options::{parse_ints, CreateOption, OptionValue};
 pub use run::Run;
 pub use tensor::HostTensor;

@@ -265,6 +265,9 @@ pub struct PJRT_NamedValue {
     pub value: u64,
     pub value_size: usize,
 }
+impl PJRT_NamedValue {
+    pub const SIZE: usize = offset_of!(PJRT_NamedValue, value_size) + size_of::<usize>();
+}
 pub const PJRT_NAMED_VALUE_STRING: u32 = 0;
 pub const PJRT_NAMED_VALUE_INT64: u32 = 1;
 pub const PJRT_NAMED_VALUE_INT64_LIST: u32 = 2;
@@ -366,6 +369,31 @@ pjrt_args!(PJRT_Device_GetDescription_Args, last = device_description: *mut PJRT
 pjrt_args!(PJRT_Device_IsAddressable_Args, last = is_addressable: bool, {
     device: *mut PJRT_Device,
     is_addressable: bool,
+});
+
+pjrt_args!(PJRT_Device_MemoryStats_Args, last = peak_pool_bytes_is_set: bool, {
+    device: *mut PJRT_Device,
+    bytes_in_use: i64,
+    peak_bytes_in_use: i64,
+    peak_bytes_in_use_is_set: bool,
+    num_allocs: i64,
+    num_allocs_is_set: bool,
+    largest_alloc_size: i64,
+    largest_alloc_size_is_set: bool,
+    bytes_limit: i64,
+    bytes_limit_is_set: bool,
+    bytes_reserved: i64,
+    bytes_reserved_is_set: bool,
+    peak_bytes_reserved: i64,
+    peak_bytes_reserved_is_set: bool,
+    bytes_reservable_limit: i64,
+    bytes_reservable_limit_is_set: bool,
+    largest_free_block_bytes: i64,
+    largest_free_block_bytes_is_set: bool,
+    pool_bytes: i64,
+    pool_bytes_is_set: bool,
+    peak_pool_bytes: i64,
+    peak_pool_bytes_is_set: bool,
 });
 
 pjrt_args!(PJRT_Executable_Destroy_Args, last = executable: *mut PJRT_Executable, {
@@ -619,7 +647,22 @@ impl XLA_FFI_Handler_Register_Args {
 pub type XLA_FFI_Handler_Register =
     unsafe extern "C" fn(*mut XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error;
 
-/// Prefix of `XLA_FFI_Api` up to `XLA_FFI_Handler_Register` (all we use).
+/// `XLA_FFI_Stream_Get_Args`: the platform stream (a `CUstream` on CUDA) of a running call.
+#[repr(C)]
+pub struct XLA_FFI_Stream_Get_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub ctx: *mut c_void,
+    pub stream: *mut c_void,
+}
+impl XLA_FFI_Stream_Get_Args {
+    pub const SIZE: usize = offset_of!(XLA_FFI_Stream_Get_Args, stream) + size_of::<usize>();
+}
+pub type XLA_FFI_Stream_Get =
+    unsafe extern "C" fn(*mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
+
+/// Prefix of `XLA_FFI_Api` up to `XLA_FFI_Stream_Get` (all we use; `struct_size` says whether
+/// a plugin's table reaches it).
 #[repr(C)]
 pub struct XLA_FFI_Api {
     pub struct_size: usize,
@@ -630,6 +673,7 @@ pub struct XLA_FFI_Api {
     pub XLA_FFI_Error_GetMessage: Option<XLA_FFI_Error_GetMessage>,
     pub XLA_FFI_Error_Destroy: Option<XLA_FFI_Error_Destroy>,
     pub XLA_FFI_Handler_Register: Option<XLA_FFI_Handler_Register>,
+    pub XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
 }
 
 pub const XLA_FFI_ERROR_CODE_UNKNOWN: u32 = 2;
@@ -742,6 +786,8 @@ mod tests {
         assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Error_Create), 0x30);
         assert_eq!(offset_of!(XLA_FFI_Metadata_Extension, metadata), 0x18);
         assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Handler_Register), 0x48);
+        assert_eq!(offset_of!(XLA_FFI_Api, XLA_FFI_Stream_Get), 0x50);
+        assert_eq!(XLA_FFI_Stream_Get_Args::SIZE, 32);
         assert_eq!(XLA_FFI_Metadata::SIZE, 36);
         assert_eq!(XLA_FFI_CallFrame::SIZE, 168);
         assert_eq!(offset_of!(XLA_FFI_Metadata, state_type_id), 40);
@@ -757,6 +803,7 @@ mod tests {
         assert_eq!(PJRT_Event_Await_Args::SIZE, 24);
         assert_eq!(PJRT_Event_IsReady_Args::SIZE, 25);
         assert_eq!(PJRT_Client_Create_Args::SIZE, 88);
+        assert_eq!(PJRT_Device_MemoryStats_Args::SIZE, 185);
         assert_eq!(PJRT_Client_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Client_PlatformName_Args::SIZE, 40);
         assert_eq!(PJRT_Client_PlatformVersion_Args::SIZE, 40);
