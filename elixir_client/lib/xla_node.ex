@@ -221,7 +221,9 @@ defmodule XlaNode do
   @doc """
   Copies a tensor to the device and returns a buffer reference, usable as a `run/4` argument.
 
-  Options: `:timeout` (default `60_000`).
+  A tensor of any size: one larger than 32 MiB (or than the node's message limit allows) goes
+  in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
+  `60_000`, for each of its calls).
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
   """
@@ -240,6 +242,7 @@ defmodule XlaNode do
   @doc """
   Reads a device buffer back as a tensor.
 
+  A tensor of any size: one larger than a chunk comes back in chunks (see `XlaNode.Transfer`).
   Options: `:timeout` (default `60_000`).
 
       {:ok, tensor} = XlaNode.read(:"xla@host", buf)
@@ -270,6 +273,29 @@ defmodule XlaNode do
       {:ok, :ok} -> :ok
       {:error, _} = error -> error
     end
+  end
+
+  @doc """
+  Frees many executables and buffers, on whichever nodes hold them, with one message to each
+  node and no answer to wait for (a `GenServer.cast` of `{:free, refs}`). The node frees them in
+  order with the requests around them; references it has not got (freed already, or never its
+  own) are skipped. Always `:ok`.
+
+      :ok = XlaNode.free_all([buf, exe])
+  """
+  @spec free_all([reference()]) :: :ok
+  def free_all(refs) when is_list(refs) do
+    refs
+    |> Enum.group_by(fn
+      ref when is_reference(ref) ->
+        node(ref)
+
+      other ->
+        raise ArgumentError,
+              "XlaNode.free_all/1 takes the references of a node's executables and buffers " <>
+                "(free a pool's executable with free/3), got: #{inspect(other)}"
+    end)
+    |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:free, refs}) end)
   end
 
   @doc """
@@ -424,7 +450,7 @@ defmodule XlaNode do
     target = server(server)
 
     try do
-      GenServer.call(target, request, timeout)
+      XlaNode.Transfer.call(target, request, timeout)
     catch
       :exit, reason -> {:error, Error.from_exit(reason, target)}
     else

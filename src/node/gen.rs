@@ -22,6 +22,17 @@ pub fn parse_call(message: Term) -> Result<(From, Term), Term> {
     parse_tagged("$gen_call", message)
 }
 
+/// The request of a `$gen_cast` message (`{:"$gen_cast", request}`, as `GenServer.cast` sends).
+pub fn parse_cast(message: Term) -> Result<Term, Term> {
+    match message {
+        Term::Tuple(t) if t.elements.len() == 2 && as_atom(&t.elements[0]) == Some("$gen_cast") => {
+            let mut elements = t.elements;
+            Ok(elements.pop().expect("two elements"))
+        }
+        other => Err(other),
+    }
+}
+
 /// The caller of a `$gen_call` read from its encoded bytes at `at` (a term without version byte)
 /// when only the request, its last element, could not be decoded: the tuple's header, the
 /// `:"$gen_call"` atom and the `{pid, tag}` are decoded one by one and must be sound; what

@@ -231,7 +231,7 @@ impl Node {
         self.inner.tls.as_deref()
     }
 
-    pub(crate) fn max_message_bytes(&self) -> usize {
+    pub fn max_message_bytes(&self) -> usize {
         self.inner.max_message_bytes
     }
 

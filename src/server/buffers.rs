@@ -20,33 +20,43 @@ use std::sync::Arc;
 /// `{:to_device, tensor}`: replies `{:ok, buffer}`.
 pub fn to_device(state: &Arc<State>, from: From, tensor: HostTensor) {
     state.spawn(move |state| {
-        let bytes = tensor.data.len() as u64;
-        let uploaded = state
-            .device_budget
-            .reserve(&state.resources, "the to_device", bytes)
-            .and_then(|_reserved| {
-                let buffer = state.executor.client().buffer_from_host(
-                    &tensor.data,
-                    tensor.dtype,
-                    &tensor.dims,
-                )?;
-                Ok(Term::from(
-                    state.register(Resource::Buffer(Arc::new(buffer)), &from.pid),
-                ))
-            });
+        let uploaded = place(state, &from, tensor);
         state.reply_result(&from, uploaded);
     });
 }
 
-/// `{:read, buffer}`: replies `{:ok, tensor}`.
-pub fn read(state: &Arc<State>, from: From, buffer: Reference) {
+/// Copies `tensor` to the device within `--max-device-bytes` and registers the buffer for the
+/// caller: the reference, or why not. On an executor thread.
+pub fn place(state: &State, from: &From, tensor: HostTensor) -> Result<Term, RequestError> {
+    let bytes = tensor.data.len() as u64;
+    let _reserved = state
+        .device_budget
+        .reserve(&state.resources, "the to_device", bytes)?;
+    let buffer =
+        state
+            .executor
+            .client()
+            .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)?;
+    Ok(Term::from(
+        state.register(Resource::Buffer(Arc::new(buffer)), &from.pid),
+    ))
+}
+
+/// `{:read, buffer}` and `{:read, buffer, opts}`: replies `{:ok, tensor}`, or, when the data
+/// takes more than the caller's `chunk_bytes`, sends it in chunks (`transfer.rs`).
+pub fn read(state: &Arc<State>, from: From, buffer: Reference, chunk_bytes: Option<usize>) {
     let buffer = match state.lookup_buffer(&buffer) {
         Ok(b) => b,
         Err(e) => return state.reply_error(&from, &e),
     };
-    state.spawn(move |state| {
-        let read = buffer.to_host_tensor().map(host_tensor_term);
-        state.reply_result(&from, read.map_err(RequestError::from));
+    state.spawn(move |state| match buffer.to_host_tensor() {
+        Ok(tensor) => match chunk_bytes {
+            Some(chunk) if tensor.data.len() > chunk => {
+                super::transfer::send_chunked(state, &from, tensor, chunk)
+            }
+            _ => state.reply_result(&from, Ok(host_tensor_term(tensor))),
+        },
+        Err(e) => state.reply_error(&from, &RequestError::from(e)),
     });
 }
 

@@ -43,6 +43,7 @@ pub fn info(state: &State) -> Term {
         ),
         ("host_callbacks", boolean(state.dispatcher.host_callbacks())),
         ("plugin", text(state.plugin.display().to_string())),
+        ("max_message_bytes", int(node.max_message_bytes() as i64)),
         ("pjrt_api_version", text(format!("{major}.{minor}"))),
         ("executables", int(held.executables as i64)),
         ("buffers", int(held.buffers as i64)),

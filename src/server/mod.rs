@@ -32,6 +32,7 @@ mod resources;
 mod run;
 mod schedule;
 mod state;
+mod transfer;
 mod watchdog;
 
 pub use plugin::locate_plugin;
@@ -165,7 +166,13 @@ async fn serve(mut process: Process, state: Arc<State>) {
                     Ok(request) => request.apply(&state, from),
                     Err(e) => state.reply_error(&from, &e),
                 },
-                Err(other) => tracing::debug!("xla: ignoring message {other}"),
+                Err(other) => match gen::parse_cast(other) {
+                    Ok(request) => match Request::parse(request) {
+                        Ok(request) => request.apply_cast(&state),
+                        Err(e) => tracing::debug!("xla: ignoring cast: {e}"),
+                    },
+                    Err(other) => tracing::debug!("xla: ignoring message {other}"),
+                },
             },
             // The server traps exits: a linked client that dies must not take it down.
             Signal::Exit { from, reason, .. } => {

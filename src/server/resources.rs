@@ -6,6 +6,7 @@
 //! program stays alive until that run finishes (they are reference-counted), so freeing can never
 //! pull a buffer out from under XLA.
 
+use super::transfer::Upload;
 use crate::node::term::ref_key;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
@@ -18,6 +19,8 @@ type Key = (String, Vec<u32>, u32);
 pub enum Resource {
     Executable(Arc<Program>),
     Buffer(Arc<Buffer>),
+    /// A tensor arriving in chunks (`transfer.rs`): host memory until it is done.
+    Upload(Arc<Upload>),
 }
 
 /// A compiled executable with what the server learns about it while running it.
@@ -63,6 +66,7 @@ impl Held {
     fn add(&mut self, resource: &Resource) {
         match resource {
             Resource::Executable(_) => self.executables += 1,
+            Resource::Upload(_) => {}
             Resource::Buffer(b) => {
                 self.buffers += 1;
                 self.buffer_bytes += b.byte_size() as u64;
@@ -73,6 +77,7 @@ impl Held {
     fn remove(&mut self, resource: &Resource) {
         match resource {
             Resource::Executable(_) => self.executables -= 1,
+            Resource::Upload(_) => {}
             Resource::Buffer(b) => {
                 self.buffers -= 1;
                 self.buffer_bytes -= b.byte_size() as u64;

@@ -118,7 +118,7 @@ impl RunRequest {
 fn executable(state: &State, reference: &Reference) -> Result<Arc<Program>, RequestError> {
     match state.lookup(reference)? {
         Resource::Executable(program) => Ok(program),
-        Resource::Buffer(_) => Err(argument(format!(
+        Resource::Buffer(_) | Resource::Upload(_) => Err(argument(format!(
             "{} is a buffer, not an executable",
             Term::from(reference.clone())
         ))),

@@ -92,6 +92,10 @@ impl State {
                 "{} is an executable, not a buffer",
                 Term::from(reference.clone())
             ))),
+            Resource::Upload(_) => Err(RequestError::Argument(format!(
+                "{} is an upload not yet done ({{:upload_done, upload}} makes it a buffer)",
+                Term::from(reference.clone())
+            ))),
         }
     }
 
