@@ -73,6 +73,22 @@ defmodule XlaNode.TransferTest do
       assert message =~ "unknown or freed reference"
     end
 
+    test "the README's example, as written there (a smaller tensor)", %{node: node} do
+      xla = {:xla, node.name}
+      data = :crypto.strong_rand_bytes(5 * 4096 * 4)
+      chunks = for <<chunk::binary-size(16_384) <- data>>, do: chunk
+      {:ok, upload} = GenServer.call(xla, {:upload, {{:f, 32}, [5, 4096]}})
+      for chunk <- chunks, do: GenServer.cast(xla, {:upload, upload, chunk})
+      {:ok, buffer} = GenServer.call(xla, {:upload_done, upload})
+
+      {:ok, {:chunks, {{:f, 32}, [5, 4096]}, count, stream}} =
+        GenServer.call(xla, {:read, buffer, [chunk_bytes: 32 * 1024]})
+
+      read = for i <- 0..(count - 1), into: <<>>, do: (receive do {:xla_chunk, ^stream, ^i, d} -> d end)
+      assert count == 3
+      assert read == data
+    end
+
     test "read in chunks: a reply, then the chunks in order", %{node: node} do
       server = {:xla, node.name}
       {data, _} = tensor = random_f32(10_000)

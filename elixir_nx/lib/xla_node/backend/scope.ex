@@ -10,10 +10,10 @@ defmodule XlaNode.Backend.Scope do
   returned term does not hold is freed. Scopes nest: what an inner scope returns is noted in the
   outer one. When the function raises, throws or exits, everything it made is freed.
 
-  Buffers are freed with one pipelined round of `:free` requests, each to the node the buffer
-  reference names (`node/1`, also for a pool's tensors), with `:gen_server`'s `send_request/2`:
-  not one round trip each. A buffer freed already (`Nx.backend_deallocate/1`) or whose node is
-  down is skipped silently: either way it is gone.
+  Buffers are freed with one `{:free, buffers}` cast to each node holding some (the node each
+  buffer reference names, `node/1`, also for a pool's tensors): no round trip at all. A buffer
+  freed already (`Nx.backend_deallocate/1`) or whose node is down is skipped silently: either
+  way it is gone.
   """
 
   @key {__MODULE__, :made}
@@ -55,17 +55,12 @@ defmodule XlaNode.Backend.Scope do
   end
 
   @doc """
-  Frees buffers: one pipelined round of `:free` requests to their nodes. Buffers freed already,
-  or on a node that is down, are skipped.
+  Frees buffers: one `{:free, buffers}` cast to each of their nodes, answered by nothing
+  (`XlaNode.free_all/1`); the node frees them in order with this process's next requests.
+  Buffers freed already, or on a node that is down, are skipped.
   """
   def free([]), do: :ok
-
-  def free(buffers) do
-    buffers
-    |> Enum.uniq()
-    |> Enum.map(&:gen_server.send_request({:xla, node(&1)}, {:free, &1}))
-    |> Enum.each(&:gen_server.receive_response(&1, 60_000))
-  end
+  def free(buffers), do: buffers |> Enum.uniq() |> XlaNode.free_all()
 
   # The buffers of every XlaNode.Backend tensor inside a term, however nested (tuples, lists,
   # maps and structs such as model states).
