@@ -34,8 +34,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Stop adding queued messages or fragments to a round's write once it is this large: a small
-/// message waits at most about one such write (~1 ms here) behind a large transfer, while a large
-/// transfer takes few syscalls (each a costly wake-up of the peer on a small VM).
+/// message waits at most about one such write behind a large transfer, while a large transfer
+/// takes few syscalls (each a costly wake-up of the peer on a small VM).
 const BATCH_LIMIT: usize = 1024 * 1024;
 
 /// Runs the connection until it fails, the peer goes silent, or `cancel` fires. Returns why it

@@ -14,7 +14,7 @@
 //! | a run beyond [`MAX_RUNS`], or a run that calls back beyond [`MAX_CALLING_BACK`] | the node's queue, in arrival order; `:info` counts it in `runs_queued` | XLA's CPU client holds 32 computations in flight per device and blocks the next `Execute`; below that bound no thread ever waits inside XLA for a place, and runs without callbacks always find one of the places runs that call back cannot take |
 //! | an admitted run, before `Execute` | the [`Gate`], on its executor thread | XLA's CPU client executes queued computations one after another, client-wide; a run that calls back must not hold that line while it waits for a reply |
 //! | a queued run still waiting after its `queue_timeout` | answered `{:error, {:timeout, text}}` | a run never hangs; the timer is the runtime's, which never waits on XLA |
-//! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread takes ~30 µs to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
+//! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread is slow to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
 //!
 //! Every run counts from admission until its reply is sent, which is after XLA is done with it,
 //! so the node's count of runs in flight is never below XLA's: an admitted `Execute` never waits
@@ -103,9 +103,9 @@ const CALLBACK_QUIET: Duration = Duration::from_millis(10);
 
 /// Whether runs of programs that call back are executing, or did lately: idle executor threads
 /// poll for their next job (`xla::executor`'s idle polling) only when none has for
-/// [`CALLBACK_QUIET`]. Measured on two CPUs, polling made a tiny run 16-25 µs faster, and a
-/// run that calls back 23-39 µs slower (its waiting thread's wake-up and the network both
-/// slowed down), even with the polling stopped while a callback waited.
+/// [`CALLBACK_QUIET`]. Polling makes a tiny run faster but a run that calls back slower (its
+/// waiting thread's wake-up and the network both slow down on a small machine), even with the
+/// polling stopped while a callback waits; figures in docs/performance.md.
 #[derive(Debug)]
 pub struct CallbackActivity {
     epoch: Instant,
