@@ -17,6 +17,7 @@ use super::inspect;
 use super::watch::{Registration, Watches};
 use crate::node::term::{atom, tuple};
 use crate::node::Node;
+use crate::schedule::CallingBackRun;
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -39,12 +40,10 @@ pub(crate) struct RunState {
     inner: Mutex<Inner>,
     /// The thread that opened the run, which is the thread that executes it.
     thread: ThreadId,
-    /// Called once, by the first custom call of the run that runs on that thread.
-    on_run_thread: Mutex<Option<OnRunThread>>,
+    /// The run's passage at the scheduler's gate (a program that calls back), told once, by the
+    /// first custom call of the run that runs on that thread.
+    calling_back: Mutex<Option<Arc<CallingBackRun>>>,
 }
-
-/// What a run's first custom call on the run's own thread calls (see [`RunState::note_call`]).
-pub(crate) type OnRunThread = Box<dyn FnOnce() + Send>;
 
 #[derive(Default)]
 struct Inner {
@@ -57,7 +56,13 @@ struct Inner {
 }
 
 impl RunState {
-    pub(crate) fn new(node: Node, target: Option<Dest>, requester: Pid, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        node: Node,
+        target: Option<Dest>,
+        requester: Pid,
+        timeout: Duration,
+        calling_back: Option<Arc<CallingBackRun>>,
+    ) -> Self {
         RunState {
             target,
             requester,
@@ -65,27 +70,24 @@ impl RunState {
             node,
             inner: Mutex::new(Inner::default()),
             thread: std::thread::current().id(),
-            on_run_thread: Mutex::new(None),
+            calling_back: Mutex::new(calling_back),
         }
     }
 
-    pub(crate) fn set_on_run_thread(&self, f: OnRunThread) {
-        *self.on_run_thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
-    }
-
-    /// A custom call of this run is starting: on the run's own thread, that tells the server the
-    /// program executes there (see `server::schedule::Gate`).
+    /// A custom call of this run is starting: on the run's own thread, which XLA's CPU client
+    /// only does inside `Execute` for a program it executes on the calling thread, that tells the
+    /// scheduler's gate the program executes there (see `crate::schedule::Gate`).
     pub(crate) fn note_call(&self) {
         if std::thread::current().id() != self.thread {
             return;
         }
-        let f = self
-            .on_run_thread
+        let calling_back = self
+            .calling_back
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(f) = f {
-            f();
+        if let Some(calling_back) = calling_back {
+            calling_back.called_back_on_run_thread();
         }
     }
 

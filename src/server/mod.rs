@@ -30,7 +30,6 @@ mod plugin;
 mod request;
 mod resources;
 mod run;
-mod schedule;
 mod state;
 mod watchdog;
 
@@ -39,9 +38,9 @@ pub use plugin::locate_plugin;
 use crate::dispatch::Dispatcher;
 use crate::node::gen;
 use crate::node::{Node, Process, Signal};
+use crate::schedule::{CallbackActivity, Scheduler};
 use crate::xla::{Client, Executor, IdlePolling};
 use request::Request;
-use schedule::{CallbackActivity, Scheduler};
 use state::State;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -16,14 +16,14 @@
 use super::error::RequestError;
 use super::parse::{argument, boolean, keywords, reference, Elements};
 use super::resources::{Program, Resource};
-use super::schedule::TimedOut;
 use super::state::State;
 use crate::dispatch::RunHandle;
 use crate::node::gen::From;
 use crate::node::term::{as_atom, as_i64, list};
 use crate::node::Dest;
+use crate::schedule::{Place, RunJob, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Argument, DType, Executable, HostTensor, Job, Run, XlaError};
+use crate::xla::{Argument, DType, Executable, HostTensor, Run, XlaError};
 use eetf::{Reference, Term};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,9 +88,9 @@ impl RunRequest {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
-        let job: Job = {
+        let job: RunJob = {
             let state = state.clone();
-            Box::new(move || {
+            Box::new(move |place| {
                 let started = state.runs.started(received);
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
@@ -100,7 +100,7 @@ impl RunRequest {
                         .reserve(&state.resources, "the run", run.device_bytes());
                 let results = match reserved {
                     Ok(_reserved) => {
-                        execute(&state, &program, &run, handle, &options, &from).map_err(Into::into)
+                        execute(&state, place, &run, handle, &options, &from).map_err(Into::into)
                     }
                     Err(refused) => Err(refused),
                 };
@@ -154,12 +154,13 @@ fn supplies_handle(exe: &Executable, given: usize, options: &RunOptions) -> bool
 /// results as the reply lists them.
 fn execute(
     state: &State,
-    program: &Program,
+    place: &Place,
     run: &Run,
     handle: Option<RunHandle>,
     options: &RunOptions,
     from: &From,
 ) -> Result<Vec<Term>, XlaError> {
+    let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
         state.dispatcher.open_run(
             handle,
@@ -168,21 +169,10 @@ fn execute(
             options
                 .callback_timeout
                 .unwrap_or_else(|| state.dispatcher.default_timeout()),
+            passage.calling_back(),
         )
     });
-    let outputs = if program.calls_back {
-        let gated = state.scheduler.gate.run_calling_back();
-        if let Some(callbacks) = &callbacks {
-            let on_its_thread = gated.clone();
-            callbacks.on_call_on_run_thread(move || on_its_thread.called_back_on_run_thread());
-        }
-        let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
-        gated.finished();
-        outputs
-    } else {
-        let _window = state.scheduler.gate.run_without_callbacks();
-        run.execute()
-    };
+    let outputs = passage.execute(run);
     drop(callbacks);
     let outputs = outputs?;
     if options.keep_on_device {

@@ -5,8 +5,8 @@
 //! node's network side (connections, ticks, `:ping`, callback replies) is not being scheduled,
 //! and the thread logs an error saying where the runs are, so that a stall is never silent.
 
-use super::schedule::Scheduler;
 use crate::dispatch::Dispatcher;
+use crate::schedule::Scheduler;
 use crate::xla::Executor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! (`catch`, around `catch.cc`) and the thin safe wrappers around them (`client`,
 //! `buffer`, `executable`, `ffi`, `kernel`). The rest is safe code on top:
 //! `run` (the one way to execute a program: its arguments checked first),
-//! `executor` (compile cache, worker pool), `tensor`, `dtype`, `packing` (how
+//! `executor` (a compile cache, `compile_cache`, and a worker pool, `pool`), `tensor`, `dtype`, `packing` (how
 //! 2- and 4-bit elements are laid out), `signature`, `proto` (the protobuf reader it uses),
 //! `known_faults` (programs refused because XLA's CPU backend mishandles them).
 //! The compiler enforces it: the crate denies `unsafe_code` and only the files
@@ -14,6 +14,7 @@
 mod buffer;
 mod catch;
 mod client;
+mod compile_cache;
 mod dtype;
 mod error;
 mod executable;
@@ -22,6 +23,7 @@ pub mod ffi;
 mod kernel;
 mod known_faults;
 pub mod packing;
+mod pool;
 mod proto;
 mod run;
 mod signature;

@@ -1,10 +1,30 @@
-//! Where and when XLA work executes: the node's one scheduling policy.
+//! Where a run waits, and why: read this first to follow a run from the `:xla` server's task to
+//! its reply. [`Scheduler`] is the one type that decides it; everything a run waits for on its way
+//! is here or named here.
 //!
-//! The rule everything below follows: **the network side never waits on XLA.** Connection
+//! One run (`GenServer.call({:xla, node}, {:run, exe, args, opts})`), in order:
+//!
+//! 1. **Checked on the server's task** (`server/run.rs`): its executable and buffers looked up, its
+//!    arguments checked against the parameters (`xla::Run::new`). Nothing waits yet.
+//! 2. **Admitted** ([`Scheduler::submit_run`]): it takes a place at once if fewer than
+//!    [`MAX_RUNS`] runs execute (and, for a program that calls back, fewer than
+//!    [`MAX_CALLING_BACK`] of those call back); otherwise it waits in the node's queue, in arrival
+//!    order, until a place frees or its `queue_timeout` fires.
+//! 3. **Handed to a thread**: the admitted run goes to the executor's worker pool
+//!    (`xla/pool.rs`), whose queue starts a thread whenever none is idle (up to 256, far above
+//!    [`MAX_RUNS`]): an admitted run never waits there for a thread, only for one to wake.
+//! 4. **At the gate** ([`Place::enter_xla`], `gate.rs`), on its executor thread: it waits for its
+//!    turn to enter XLA's line of queued computations, then executes ([`Passage::execute`]).
+//! 5. **At its callbacks** (runs that call back): each custom call sends a message and waits for
+//!    the reply (`dispatch::wait`); the first on the run's own thread tells the gate
+//!    ([`CallingBackRun::called_back_on_run_thread`]), so that runs behind it go on.
+//! 6. **Replied to** from its executor thread; dropping its [`Place`] admits the next queued runs.
+//!
+//! The rule everything follows: **the network side never waits on XLA.** Connection
 //! readers and writers, ticks, `net_kernel`, the `:xla` server's request intake and the delivery
 //! of callback replies run as tasks of the node's async runtime; XLA work runs on executor
 //! threads, which exist to block. A run that waits for a callback's reply therefore only ever
-//! waits for the network side, which never waits for it: no cycle.
+//! waits for the network side, which never waits for it: no cycle (docs/threading.md).
 //!
 //! | what | where | why |
 //! |---|---|---|
@@ -12,19 +32,27 @@
 //! | compile, `to_device`, `read`, dropping freed resources | an executor thread, at once | every PJRT call may block (a buffer waits for the run that defines it) |
 //! | a run, when admitted | an executor thread | `Execute` runs a small program on the calling thread, custom calls included, and those wait for callback replies; a large one returns at once but its completion event waits for XLA's threads; the 33rd `Execute` in flight on a device blocks until one ends |
 //! | a run beyond [`MAX_RUNS`], or a run that calls back beyond [`MAX_CALLING_BACK`] | the node's queue, in arrival order; `:info` counts it in `runs_queued` | XLA's CPU client holds 32 computations in flight per device and blocks the next `Execute`; below that bound no thread ever waits inside XLA for a place, and runs without callbacks always find one of the places runs that call back cannot take |
-//! | an admitted run, before `Execute` | the [`Gate`], on its executor thread | XLA's CPU client executes queued computations one after another, client-wide; a run that calls back must not hold that line while it waits for a reply |
+//! | an admitted run, before `Execute` | the [`Gate`] (`gate.rs`), on its executor thread: [`Place::enter_xla`] | XLA's CPU client executes queued computations one after another, client-wide; a run that calls back must not hold that line while it waits for a reply |
 //! | a queued run still waiting after its `queue_timeout` | answered `{:error, {:timeout, text}}` | a run never hangs; the timer is the runtime's, which never waits on XLA |
 //! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread is slow to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
 //!
 //! Every run counts from admission until its reply is sent, which is after XLA is done with it,
 //! so the node's count of runs in flight is never below XLA's: an admitted `Execute` never waits
 //! for a place.
+//!
+//! Files: this one (admission, the hand-over, [`Place`]), `gate` (the last wait before
+//! `Execute`), `callback_activity` (whether idle executor threads may poll for their next job).
 
-use crate::xla::{Executor, Job};
+mod callback_activity;
+mod gate;
+
+pub use callback_activity::CallbackActivity;
+pub use gate::{CallingBackRun, Gate, QueueableRun};
+
+use crate::xla::{Buffer, Executor, Run, XlaError};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Runs executing at once. All runs execute on the client's first device, where XLA's CPU
 /// client blocks the 33rd computation in flight.
@@ -50,9 +78,12 @@ pub struct RunCounts {
 /// Answers a queued run that timed out, with the error text.
 pub type TimedOut = Box<dyn FnOnce(String) + Send + 'static>;
 
+/// An admitted run's work, on its executor thread: it passes the gate through its [`Place`].
+pub type RunJob = Box<dyn FnOnce(&Place) + Send + 'static>;
+
 struct Queued {
     id: u64,
-    job: Job,
+    job: RunJob,
     timed_out: TimedOut,
 }
 
@@ -78,7 +109,7 @@ impl State {
     }
 
     /// The longest-waiting queued run that may start now, taken off its queue and counted.
-    fn next_admitted(&mut self) -> Option<(bool, Job)> {
+    fn next_admitted(&mut self) -> Option<(bool, RunJob)> {
         let plain = self.plain.front().filter(|_| self.admits(false));
         let calling_back = self.calling_back.front().filter(|_| self.admits(true));
         let calls_back = match (plain, calling_back) {
@@ -98,64 +129,13 @@ impl State {
     }
 }
 
-/// How long after the last run that called back idle executor threads may poll again.
-const CALLBACK_QUIET: Duration = Duration::from_millis(10);
-
-/// Whether runs of programs that call back are executing, or did lately: idle executor threads
-/// poll for their next job (`xla::executor`'s idle polling) only when none has for
-/// [`CALLBACK_QUIET`]. Polling makes a tiny run faster but a run that calls back slower (its
-/// waiting thread's wake-up and the network both slow down on a small machine), even with the
-/// polling stopped while a callback waits; figures in docs/performance.md.
-#[derive(Debug)]
-pub struct CallbackActivity {
-    epoch: Instant,
-    running: AtomicUsize,
-    /// When the last one ended, in nanoseconds after `epoch`.
-    last_end: AtomicU64,
-}
-
-impl Default for CallbackActivity {
-    fn default() -> Self {
-        CallbackActivity {
-            epoch: Instant::now(),
-            running: AtomicUsize::new(0),
-            last_end: AtomicU64::new(0),
-        }
-    }
-}
-
-impl CallbackActivity {
-    /// True when no run that calls back executes and none ended within [`CALLBACK_QUIET`]
-    /// (nor ever, for a node that has run none).
-    pub fn quiet(&self) -> bool {
-        if self.running.load(Ordering::Relaxed) > 0 {
-            return false;
-        }
-        let last = self.last_end.load(Ordering::Relaxed);
-        last == 0 || self.now().saturating_sub(last) >= CALLBACK_QUIET.as_nanos() as u64
-    }
-
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    fn started(&self) {
-        self.running.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn ended(&self) {
-        self.last_end.store(self.now().max(1), Ordering::Relaxed);
-        self.running.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Admits runs to the executor's threads within the bounds above, queues the rest.
 pub struct Scheduler {
     executor: Executor,
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
     /// Keeps runs that call back out of XLA's line of queued computations.
-    pub gate: Arc<Gate>,
+    gate: Arc<Gate>,
     calling_back: Arc<CallbackActivity>,
 }
 
@@ -182,18 +162,18 @@ impl Scheduler {
 
     /// Work other than runs (compile, transfers, dropping resources): on an executor thread at
     /// once. Never blocks.
-    pub fn spawn(&self, job: Job) {
+    pub fn spawn(&self, job: crate::xla::Job) {
         self.executor.submit(job);
     }
 
-    /// Runs `job` on an executor thread as soon as the bounds admit it. If it is still queued
+    /// Runs `job` on an executor thread as soon as the bounds admit it, handing it its [`Place`]. If it is still queued
     /// after `queue_timeout` (`None`: no limit), it is dropped and `timed_out` is called instead,
     /// on the runtime. Never blocks.
     pub fn submit_run(
         self: &Arc<Self>,
         calls_back: bool,
         queue_timeout: Option<Duration>,
-        job: Job,
+        job: RunJob,
         timed_out: TimedOut,
     ) {
         let mut state = self.lock();
@@ -222,7 +202,7 @@ impl Scheduler {
 
     /// Hands an admitted run to an executor thread; its place is given back when it ends (also
     /// if it panics).
-    fn execute(self: &Arc<Self>, calls_back: bool, job: Job) {
+    fn execute(self: &Arc<Self>, calls_back: bool, job: RunJob) {
         if calls_back {
             self.calling_back.started();
         }
@@ -230,10 +210,7 @@ impl Scheduler {
             scheduler: self.clone(),
             calls_back,
         };
-        self.executor.submit(Box::new(move || {
-            let _place = place;
-            job();
-        }));
+        self.executor.submit(Box::new(move || job(&place)));
     }
 
     /// A run ended: starts the queued runs its place admits.
@@ -291,165 +268,58 @@ impl Scheduler {
     }
 }
 
-/// An admitted run's place; dropping it gives the place back.
-struct Place {
+/// An admitted run's place, held on its executor thread; dropping it gives the place back.
+pub struct Place {
     scheduler: Arc<Scheduler>,
     calls_back: bool,
+}
+
+impl Place {
+    /// Waits (on this executor thread) for the run's turn at XLA's line of queued computations
+    /// (see [`Gate`]); the run executes through the returned passage.
+    pub fn enter_xla(&self) -> Passage<'_> {
+        let gate = &self.scheduler.gate;
+        if self.calls_back {
+            Passage::CallingBack(gate.run_calling_back())
+        } else {
+            Passage::WithoutCallbacks(gate.run_without_callbacks())
+        }
+    }
+}
+
+/// A run past the gate, about to execute.
+pub enum Passage<'a> {
+    /// A run without callbacks: its window at the gate lasts until it is executed.
+    WithoutCallbacks(QueueableRun<'a>),
+    /// A run that calls back: the dispatcher reports its first custom call on the run's own
+    /// thread to it.
+    CallingBack(Arc<CallingBackRun>),
+}
+
+impl Passage<'_> {
+    /// What the run's callback context reports to, for a run that calls back.
+    pub fn calling_back(&self) -> Option<Arc<CallingBackRun>> {
+        match self {
+            Passage::CallingBack(run) => Some(run.clone()),
+            Passage::WithoutCallbacks(_) => None,
+        }
+    }
+
+    /// Executes `run` and leaves the gate: XLA's `Execute`, then the wait for its results.
+    pub fn execute(self, run: &Run) -> Result<Vec<Buffer>, XlaError> {
+        match self {
+            Passage::CallingBack(gated) => {
+                let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
+                gated.finished();
+                outputs
+            }
+            Passage::WithoutCallbacks(_window) => run.execute(),
+        }
+    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         self.scheduler.finished(self.calls_back);
-    }
-}
-
-/// Keeps runs that call back out of the line in which XLA's CPU client executes queued
-/// computations.
-///
-/// The client executes a program within `Execute`, on the calling thread, only if the program is
-/// cheap (under 1,000 flops) and no computation it queued earlier is still pending; otherwise it
-/// queues it, and executes the queued ones one after another, client-wide, in the order they
-/// came. A run that calls back and lands in that line holds it for as long as its callbacks wait:
-/// every large program after it waits too. So a run that calls back starts only when no run that
-/// may be queued is in XLA, and runs without callbacks start only when no run that calls back is
-/// between its start and the moment it is known to be executing on its own thread. Both windows
-/// last microseconds for the programs they are meant for; turns are taken in arrival order, so
-/// neither kind starves the other. Runs that call back and are queued all the same (large ones)
-/// are counted as queued runs from then on, which they are.
-///
-/// All waiting happens on executor threads. A run waits only for windows of runs that already
-/// started, which end without any other run's help: no cycle.
-#[derive(Default)]
-pub struct Gate {
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// Runs that may be in XLA's line now: runs without callbacks from start to completion, and
-    /// runs that call back once XLA queued them.
-    queueable: usize,
-    /// Runs that call back, started, and not yet known to execute on their own thread.
-    starting: usize,
-    next_ticket: u64,
-    serving: u64,
-}
-
-/// Where a run that calls back stands (see [`Gate`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Starting,
-    OnItsThread,
-    Queued,
-    Done,
-}
-
-impl Gate {
-    fn lock(&self) -> MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Waits for this run's turn and for `clear`, then counts the run in with `enter`.
-    fn pass(&self, clear: impl Fn(&GateState) -> bool, enter: impl FnOnce(&mut GateState)) {
-        let mut state = self.lock();
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
-        while state.serving != ticket || !clear(&state) {
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-        state.serving += 1;
-        enter(&mut state);
-        drop(state);
-        self.changed.notify_all();
-    }
-
-    fn update(&self, change: impl FnOnce(&mut GateState)) {
-        change(&mut self.lock());
-        self.changed.notify_all();
-    }
-
-    /// A run without callbacks: its window lasts until the returned guard drops.
-    pub fn run_without_callbacks(&self) -> QueueableRun<'_> {
-        self.pass(|s| s.starting == 0, |s| s.queueable += 1);
-        QueueableRun(self)
-    }
-
-    /// A run that calls back: passes once no run may be in XLA's line. Report what is learned
-    /// of where it executes on the returned guard.
-    pub fn run_calling_back(self: &Arc<Self>) -> Arc<CallingBackRun> {
-        self.pass(|s| s.queueable == 0, |s| s.starting += 1);
-        Arc::new(CallingBackRun {
-            gate: self.clone(),
-            phase: Mutex::new(Phase::Starting),
-        })
-    }
-}
-
-/// The window of a run without callbacks; dropping it closes the window.
-pub struct QueueableRun<'a>(&'a Gate);
-
-impl Drop for QueueableRun<'_> {
-    fn drop(&mut self) {
-        self.0.update(|s| s.queueable -= 1);
-    }
-}
-
-/// A run that calls back, past the gate.
-pub struct CallingBackRun {
-    gate: Arc<Gate>,
-    phase: Mutex<Phase>,
-}
-
-impl CallingBackRun {
-    fn move_to(&self, next: Phase) {
-        let mut phase = self.phase.lock().unwrap_or_else(|p| p.into_inner());
-        let from = *phase;
-        let moves = match next {
-            Phase::OnItsThread | Phase::Queued => from == Phase::Starting,
-            Phase::Done => from != Phase::Done,
-            Phase::Starting => false,
-        };
-        if !moves {
-            return;
-        }
-        *phase = next;
-        self.gate.update(|s| {
-            match from {
-                Phase::Starting => s.starting -= 1,
-                Phase::Queued => s.queueable -= 1,
-                Phase::OnItsThread | Phase::Done => {}
-            }
-            if next == Phase::Queued {
-                s.queueable += 1;
-            }
-        });
-    }
-
-    /// One of the program's custom calls is running on the thread that called `Execute`, which
-    /// only happens inside `Execute`: the program executes there, out of XLA's line.
-    pub fn called_back_on_run_thread(&self) {
-        self.move_to(Phase::OnItsThread);
-    }
-
-    /// `Execute` returned; `completed`: the program had already finished (it executed on this
-    /// thread), else XLA queued it.
-    pub fn launched(&self, completed: bool) {
-        self.move_to(if completed {
-            Phase::OnItsThread
-        } else {
-            Phase::Queued
-        });
-    }
-
-    /// The run is over (also when it failed before `Execute`).
-    pub fn finished(&self) {
-        self.move_to(Phase::Done);
-    }
-}
-
-impl Drop for CallingBackRun {
-    fn drop(&mut self) {
-        self.finished();
     }
 }
