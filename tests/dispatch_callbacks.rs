@@ -270,7 +270,7 @@ impl Env {
         let handle = RunHandle::next();
         let run = self
             .dispatcher
-            .open_run(handle, target, requester, timeout, None);
+            .open_run(handle, target, requester, Some(timeout), None);
         (run, handle.tensor())
     }
 

@@ -29,13 +29,12 @@ use crate::node::Dest;
 /// First element of the message that wakes an abandoned waiter: `{ABANDON, callback_ref}`.
 pub(crate) const ABANDON: &str = "$xla_node_callback_abandoned";
 
-type RefKey = (String, Vec<u32>, u32);
-
 /// One run's callback context (shared by the table, the [`super::RunCallbacks`] and the waiters).
 pub(crate) struct RunState {
     pub(crate) target: Option<Dest>,
     pub(crate) requester: Pid,
-    pub(crate) timeout: Duration,
+    /// Bound on each callback wait (`None`: `:infinity`).
+    pub(crate) timeout: Option<Duration>,
     node: Node,
     inner: Mutex<Inner>,
     /// The thread that opened the run, which is the thread that executes it.
@@ -50,7 +49,7 @@ struct Inner {
     /// Why the run's callbacks are abandoned, once they are.
     closed: Option<String>,
     /// Callbacks waiting now: callback reference -> waiting process.
-    pending: HashMap<RefKey, (Reference, Pid)>,
+    pending: HashMap<Reference, Pid>,
     /// The requester watch, once a callback started it.
     watch: Option<Registration>,
 }
@@ -60,7 +59,7 @@ impl RunState {
         node: Node,
         target: Option<Dest>,
         requester: Pid,
-        timeout: Duration,
+        timeout: Option<Duration>,
         calling_back: Option<Arc<CallingBackRun>>,
     ) -> Self {
         RunState {
@@ -130,14 +129,12 @@ impl RunState {
         if let Some(reason) = &inner.closed {
             return Err(reason.clone());
         }
-        inner
-            .pending
-            .insert(key(cref), (cref.clone(), waiter.clone()));
+        inner.pending.insert(cref.clone(), waiter.clone());
         Ok(())
     }
 
     pub(crate) fn unregister(&self, cref: &Reference) {
-        self.lock().pending.remove(&key(cref));
+        self.lock().pending.remove(cref);
     }
 
     /// Abandons the run's callbacks: wakes every waiter and fails later callbacks with `reason`.
@@ -148,7 +145,7 @@ impl RunState {
                 return;
             }
             inner.closed = Some(reason);
-            inner.pending.drain().map(|(_, v)| v).collect()
+            inner.pending.drain().collect()
         };
         for (cref, waiter) in pending {
             let wake = tuple(vec![atom(ABANDON), Term::from(cref)]);
@@ -173,8 +170,4 @@ fn requester_exited(requester: &Pid, reason: &Term) -> String {
         requester.node.name,
         inspect::reason(reason)
     )
-}
-
-fn key(r: &Reference) -> RefKey {
-    crate::node::term::ref_key(r)
 }

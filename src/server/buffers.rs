@@ -7,67 +7,82 @@
 //! an executor thread too, after any run still using it is done (see `resources.rs`).
 
 use super::error::RequestError;
-use super::parse::argument;
-use super::resources::Resource;
-use super::state::State;
-use crate::node::gen::From;
+use super::parse::{self, Elements};
+use super::state::{unknown_reference, State};
+use crate::node::gen::Caller;
 use crate::node::term::atom;
 use crate::tensor_term::host_tensor_term;
 use crate::xla::HostTensor;
 use eetf::{Reference, Term};
 use std::sync::Arc;
 
-/// `{:to_device, tensor}`: replies `{:ok, buffer}`.
-pub fn to_device(state: &Arc<State>, from: From, tensor: HostTensor) {
-    state.spawn(move |state| {
-        let bytes = tensor.data.len() as u64;
-        let uploaded = state
-            .device_budget
-            .reserve(&state.resources, "the to_device", bytes)
-            .and_then(|_reserved| {
-                let buffer = state.executor.client().buffer_from_host(
-                    &tensor.data,
-                    tensor.dtype,
-                    &tensor.dims,
-                )?;
-                Ok(Term::from(
-                    state.register(Resource::Buffer(Arc::new(buffer)), &from.pid),
-                ))
-            });
-        state.reply_result(&from, uploaded);
-    });
+/// `{:to_device, tensor}`, parsed.
+#[derive(Debug)]
+pub struct ToDeviceRequest {
+    tensor: HostTensor,
 }
 
-/// `{:read, buffer}`: replies `{:ok, tensor}`.
-pub fn read(state: &Arc<State>, from: From, buffer: Reference) {
-    let buffer = match state.lookup_buffer(&buffer) {
-        Ok(b) => b,
-        Err(e) => return state.reply_error(&from, &e),
-    };
-    state.spawn(move |state| {
-        let read = buffer.to_host_tensor().map(host_tensor_term);
-        state.reply_result(&from, read.map_err(RequestError::from));
-    });
-}
+impl ToDeviceRequest {
+    pub fn parse(elements: &mut Elements) -> Result<ToDeviceRequest, RequestError> {
+        let tensor = parse::tensor(elements.required())?;
+        Ok(ToDeviceRequest { tensor })
+    }
 
-/// The reference of `{:free, reference}`.
-pub fn parse_free(term: Term) -> Result<Reference, RequestError> {
-    match term {
-        Term::Reference(r) => Ok(*r),
-        other => Err(argument(format!("unknown or freed reference {other}"))),
+    /// Copies the tensor to the device on an executor thread, which replies `{:ok, buffer}`.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        state.spawn(move |state| {
+            let uploaded = state.upload(&self.tensor, &from.pid).map(Term::from);
+            state.reply_result(&from, uploaded);
+        });
     }
 }
 
-/// `{:free, reference}`: the reply, `:ok`, or the error.
-pub fn free(state: &State, reference: &Reference) -> Result<Term, RequestError> {
-    match state.resources.free(reference) {
-        Some(resource) => {
-            state.release(vec![resource]);
-            Ok(atom("ok"))
+/// `{:read, buffer}`, parsed.
+#[derive(Debug)]
+pub struct ReadRequest {
+    buffer: Reference,
+}
+
+impl ReadRequest {
+    pub fn parse(elements: &mut Elements) -> Result<ReadRequest, RequestError> {
+        let buffer = parse::reference(elements.required())?;
+        Ok(ReadRequest { buffer })
+    }
+
+    /// Looks the buffer up here, copies it to the host on an executor thread, which replies
+    /// `{:ok, tensor}`.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let buffer = match state.lookup_buffer(&self.buffer) {
+            Ok(b) => b,
+            Err(e) => return state.reply_error(&from, &e),
+        };
+        state.spawn(move |state| {
+            let read = buffer.to_host_tensor().map(host_tensor_term);
+            state.reply_result(&from, read.map_err(RequestError::from));
+        });
+    }
+}
+
+/// `{:free, reference}`, parsed.
+#[derive(Debug)]
+pub struct FreeRequest {
+    reference: Reference,
+}
+
+impl FreeRequest {
+    /// Anything but a reference names nothing the caller could free.
+    pub fn parse(elements: &mut Elements) -> Result<FreeRequest, RequestError> {
+        match elements.required() {
+            Term::Reference(r) => Ok(FreeRequest { reference: *r }),
+            other => Err(unknown_reference(other)),
         }
-        None => Err(argument(format!(
-            "unknown or freed reference {}",
-            Term::from(reference.clone())
-        ))),
+    }
+
+    /// Frees the resource and replies `:ok`, here on the server's task.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        match state.free(&self.reference) {
+            Ok(()) => state.reply(&from, atom("ok")),
+            Err(e) => state.reply_error(&from, &e),
+        }
     }
 }

@@ -7,13 +7,11 @@
 
 use super::error::RequestError;
 use super::parse::{argument, keywords, Elements};
-use super::resources::{Program, Resource};
 use super::state::State;
-use crate::node::gen::From;
+use crate::node::gen::Caller;
 use crate::xla::XlaError;
 use eetf::Term;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// `{:compile, mlir, opts}`, parsed.
 #[derive(Debug)]
@@ -43,16 +41,10 @@ impl CompileRequest {
         Ok(CompileRequest { program })
     }
 
-    pub fn apply(self, state: &Arc<State>, from: From) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
         let program = self.program;
-        let calls_back = Program::mentions_callbacks(&program);
         state.spawn(move |state| {
-            let started = Instant::now();
-            let compiled = state.executor.compile(program).map(|(exe, _cache_hit)| {
-                let exe = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
-                Term::from(state.register(exe, &from.pid))
-            });
-            state.compile_time.record(started.elapsed());
+            let compiled = state.compile(program, &from.pid).map(Term::from);
             state.reply_result(&from, compiled.map_err(|e| with_kernels(e).into()));
         });
     }

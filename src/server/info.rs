@@ -15,12 +15,12 @@ use std::collections::HashMap;
 
 /// The reply's map.
 pub fn info(state: &State) -> Term {
-    let node = &state.node;
-    let client = state.executor.client();
-    let compiles = state.executor.stats();
-    let held = state.resources.held();
-    let scheduled = state.scheduler.counts();
-    let (runs, run_errors) = state.runs.counts();
+    let node = state.node();
+    let client = state.client();
+    let compiles = state.executor_stats();
+    let held = state.held();
+    let scheduled = state.run_counts();
+    let (runs, run_errors) = state.runs().counts();
     let (major, minor) = client.api().version();
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
     let devices = client
@@ -38,14 +38,14 @@ pub fn info(state: &State) -> Term {
         ("platform_version", text(client.platform_version())),
         ("devices", list(devices)),
         ("host_callbacks", boolean(client.runs_host_handlers())),
-        ("plugin", text(state.plugin.display().to_string())),
+        ("plugin", text(state.plugin().display().to_string())),
         ("pjrt_api_version", text(format!("{major}.{minor}"))),
         ("executables", int(held.executables as i64)),
         ("buffers", int(held.buffers as i64)),
         ("buffer_bytes", int(held.buffer_bytes as i64)),
         (
             "max_device_bytes",
-            match state.device_budget.limit() {
+            match state.device_limit() {
                 Some(limit) => int(limit as i64),
                 None => atom("infinity"),
             },
@@ -73,7 +73,7 @@ pub fn info(state: &State) -> Term {
 
 /// The dispatcher's counters.
 fn callbacks(state: &State) -> Term {
-    let s = state.dispatcher.stats();
+    let s = state.dispatch_stats();
     let mut entries = vec![
         ("sent", int(s.callbacks as i64)),
         ("replies", int(s.replies as i64)),
@@ -115,17 +115,17 @@ fn latency(state: &State) -> Term {
         ])
     };
     map(vec![
-        ("run", summary(state.runs.duration.snapshot())),
-        ("queue_wait", summary(state.runs.queue_wait.snapshot())),
-        ("compile", summary(state.compile_time.snapshot())),
-        ("callback", summary(state.dispatcher.stats().round_trip)),
+        ("run", summary(state.runs().duration.snapshot())),
+        ("queue_wait", summary(state.runs().queue_wait.snapshot())),
+        ("compile", summary(state.compile_time().snapshot())),
+        ("callback", summary(state.dispatch_stats().round_trip)),
     ])
 }
 
 /// Error replies sent, per kind.
 fn request_errors(state: &State) -> Term {
     map(state
-        .errors
+        .errors()
         .counts()
         .iter()
         .map(|&(kind, n)| (kind.as_str(), int(n as i64)))

@@ -41,7 +41,7 @@ use crate::node::{Node, Process, Signal};
 use crate::schedule::{CallbackActivity, Scheduler};
 use crate::xla::{Client, Executor, IdlePolling};
 use request::Request;
-use state::State;
+use state::{Settings, State};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,21 +115,20 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
             executor: executor.clone(),
         },
     )?;
-    let state = State {
-        node: node.clone(),
-        server: xla.pid().clone(),
-        executor,
-        dispatcher,
-        scheduler,
-        resources: Default::default(),
-        device_budget: device_budget::DeviceBudget::new(config.max_device_bytes),
-        runs: Default::default(),
-        compile_time: Default::default(),
-        errors: Default::default(),
+    let settings = Settings {
         plugin: config.plugin,
         queue_timeout: config.queue_timeout,
         kernels: config.kernels,
+        max_device_bytes: config.max_device_bytes,
     };
+    let state = State::new(
+        node.clone(),
+        xla.pid().clone(),
+        executor,
+        dispatcher,
+        scheduler,
+        settings,
+    );
     let state = Arc::new(state);
     Ok(ServerHandle {
         tasks: vec![
@@ -162,14 +161,10 @@ async fn serve(mut process: Process, state: Arc<State>) {
                 object,
                 reason,
             } => {
-                let freed = state.resources.owner_down(&reference);
-                if !freed.is_empty() {
-                    tracing::debug!(
-                        "xla: {object} went down ({reason}); freeing {} resources",
-                        freed.len()
-                    );
+                let freed = state.owner_down(&reference);
+                if freed > 0 {
+                    tracing::debug!("xla: {object} went down ({reason}); freed {freed} resources");
                 }
-                state.release(freed);
             }
         }
     }

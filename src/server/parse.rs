@@ -5,10 +5,11 @@
 //! error is the `:argument_error` the caller gets.
 
 use super::error::RequestError;
-use crate::node::term::{as_atom, as_list, as_tuple};
+use crate::node::term::{as_atom, as_i64, as_list, as_tuple};
 use crate::tensor_term::parse_tensor;
 use crate::xla::HostTensor;
 use eetf::{Reference, Term};
+use std::time::Duration;
 
 /// The elements of a request tuple after its tag, whose count [`super::request::Request::parse`]
 /// checked against the request's forms.
@@ -85,4 +86,38 @@ pub fn keywords(opts: &Term) -> Result<Vec<(String, Term)>, RequestError> {
             ))),
         })
         .collect()
+}
+
+/// Which timeouts in milliseconds an option takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Milliseconds {
+    /// At least 1 ms.
+    Positive,
+    /// 0 ms too.
+    NonNegative,
+}
+
+/// An option's timeout: a number of milliseconds, or `:infinity` (`None`).
+pub fn milliseconds_or_infinity(
+    key: &str,
+    value: &Term,
+    least: Milliseconds,
+) -> Result<Option<Duration>, RequestError> {
+    let smallest = match least {
+        Milliseconds::Positive => 1,
+        Milliseconds::NonNegative => 0,
+    };
+    match (as_i64(value), as_atom(value)) {
+        (Some(ms), _) if ms >= smallest => Ok(Some(Duration::from_millis(ms as u64))),
+        (_, Some("infinity")) => Ok(None),
+        _ => {
+            let kind = match least {
+                Milliseconds::Positive => "positive",
+                Milliseconds::NonNegative => "non-negative",
+            };
+            Err(argument(format!(
+                "{key} must be a {kind} number of milliseconds or :infinity, got {value}"
+            )))
+        }
+    }
 }

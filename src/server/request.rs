@@ -14,19 +14,18 @@
 //! Adding a request means a variant here, its forms in [`Request::parse`], and its family's
 //! parse and apply.
 
-use super::buffers;
+use super::buffers::{FreeRequest, ReadRequest, ToDeviceRequest};
 use super::compile::CompileRequest;
 use super::echo;
 use super::error::RequestError;
 use super::info;
 use super::load_kernel::LoadKernelRequest;
-use super::parse::{self, Elements};
+use super::parse::Elements;
 use super::run::RunRequest;
 use super::state::State;
-use crate::node::gen::From;
+use crate::node::gen::Caller;
 use crate::node::term::{as_atom, atom, ok};
-use crate::xla::HostTensor;
-use eetf::{Reference, Term};
+use eetf::Term;
 use std::sync::Arc;
 
 /// One request to `:xla`.
@@ -45,11 +44,11 @@ pub enum Request {
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     Run(RunRequest),
     /// `{:to_device, tensor}`.
-    ToDevice(HostTensor),
+    ToDevice(ToDeviceRequest),
     /// `{:read, buffer}`.
-    Read(Reference),
+    Read(ReadRequest),
     /// `{:free, exe_or_buffer}`.
-    Free(Reference),
+    Free(FreeRequest),
     /// `{:load_kernel, target, path, symbol}` / `{:load_kernel, target, path, symbol, opts}`.
     LoadKernel(LoadKernelRequest),
 }
@@ -77,9 +76,9 @@ impl Request {
             ("echo", 2) => Some(|e| Ok(Request::Echo(e.required()))),
             ("compile", 2 | 3) => Some(|e| CompileRequest::parse(e).map(Request::Compile)),
             ("run", 3 | 4) => Some(|e| RunRequest::parse(e).map(Request::Run)),
-            ("to_device", 2) => Some(|e| parse::tensor(e.required()).map(Request::ToDevice)),
-            ("read", 2) => Some(|e| parse::reference(e.required()).map(Request::Read)),
-            ("free", 2) => Some(|e| buffers::parse_free(e.required()).map(Request::Free)),
+            ("to_device", 2) => Some(|e| ToDeviceRequest::parse(e).map(Request::ToDevice)),
+            ("read", 2) => Some(|e| ReadRequest::parse(e).map(Request::Read)),
+            ("free", 2) => Some(|e| FreeRequest::parse(e).map(Request::Free)),
             ("load_kernel", 4 | 5) => {
                 Some(|e| LoadKernelRequest::parse(e).map(Request::LoadKernel))
             }
@@ -93,20 +92,17 @@ impl Request {
 
     /// Answers the request: the quick ones here, on the server's task; the ones that call XLA
     /// from an executor thread, which sends the reply itself.
-    pub fn apply(self, state: &Arc<State>, from: From) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
         let reply = match self {
             Request::Ping => atom("pong"),
             Request::Echo(term) => term,
-            Request::SpawnEcho => ok(echo::spawn(&state.node)),
+            Request::SpawnEcho => ok(echo::spawn(state.node())),
             Request::Info => ok(info::info(state)),
-            Request::Free(reference) => match buffers::free(state, &reference) {
-                Ok(reply) => reply,
-                Err(e) => return state.reply_error(&from, &e),
-            },
             Request::Compile(compile) => return compile.apply(state, from),
             Request::Run(run) => return run.apply(state, from),
-            Request::ToDevice(tensor) => return buffers::to_device(state, from, tensor),
-            Request::Read(buffer) => return buffers::read(state, from, buffer),
+            Request::ToDevice(to_device) => return to_device.apply(state, from),
+            Request::Read(read) => return read.apply(state, from),
+            Request::Free(free) => return free.apply(state, from),
             Request::LoadKernel(load) => return load.apply(state, from),
         };
         state.reply(&from, reply);
