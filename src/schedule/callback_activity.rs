@@ -9,7 +9,7 @@ const CALLBACK_QUIET: Duration = Duration::from_millis(10);
 
 /// Whether runs of programs that call back are executing, or did lately: idle executor threads
 /// poll for their next job (`xla::executor`'s idle polling) only when none has for
-/// [`CALLBACK_QUIET`]. Polling makes a tiny run faster but a run that calls back slower (its
+/// `CALLBACK_QUIET`. Polling makes a tiny run faster but a run that calls back slower (its
 /// waiting thread's wake-up and the network both slow down on a small machine), even with the
 /// polling stopped while a callback waits; figures in docs/performance.md.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ impl Default for CallbackActivity {
 }
 
 impl CallbackActivity {
-    /// True when no run that calls back executes and none ended within [`CALLBACK_QUIET`]
+    /// True when no run that calls back executes and none ended within `CALLBACK_QUIET`
     /// (nor ever, for a node that has run none).
     pub fn quiet(&self) -> bool {
         if self.running.load(Ordering::Relaxed) > 0 {

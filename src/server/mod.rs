@@ -5,15 +5,15 @@
 //! call is parsed into a `Request` and applied to the server's `State`. Requests are handled
 //! in the order they arrive, but anything that calls XLA (compiling, running, transfers,
 //! freeing) is handed to executor threads and replied to from there, so the server itself never
-//! blocks (see `schedule.rs` for where work executes and why, `watchdog.rs` for the check that
-//! it holds).
+//! blocks (see `crate::schedule` for where work executes and why, `watchdog.rs` for the check
+//! that it holds).
 //!
 //! Files: `state` (what the server holds), `request` (the requests as a type, and which file
 //! answers each), one file per request family (`compile`, `run`, `buffers`, `load_kernel`,
 //! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
-//! (reading requests, error replies), `resources`
-//! (executables and buffers and their owners), `device_budget` (`--max-device-bytes`), `schedule` and `watchdog`, `kernels` (the
-//! operator's kernel settings), `plugin` (finding the PJRT plugin), `net_kernel`.
+//! (reading requests, error replies), `resources` (executables and buffers and their owners),
+//! `device_budget` (`--max-device-bytes`), `watchdog`, `kernels` (the operator's kernel
+//! settings), `plugin` (finding the PJRT plugin), `net_kernel`.
 
 mod buffers;
 mod compile;

@@ -22,7 +22,7 @@ pub enum Resource {
 pub struct Program {
     pub exe: Arc<Executable>,
     /// The module mentions a host-callback target: its runs may wait for replies, so they are
-    /// admitted among the runs that may wait (see `server::schedule`).
+    /// admitted among the runs that may wait (see `crate::schedule`).
     pub calls_back: bool,
 }
 
@@ -141,7 +141,7 @@ impl Resources {
     }
 
     /// Removes one resource from the table and returns it; `None` if the reference is unknown
-    /// (or already freed). The caller drops it where XLA may be called (see `server::schedule`).
+    /// (or already freed). The caller drops it where XLA may be called (see `crate::schedule`).
     pub fn free(&self, reference: &Reference) -> Option<Resource> {
         let mut t = self.lock();
         let (resource, owner) = t.take(reference)?;

@@ -1,4 +1,4 @@
-//! A watchdog for the rule `schedule.rs` states: the network side never waits on XLA.
+//! A watchdog for the rule `crate::schedule` states: the network side never waits on XLA.
 //!
 //! A task on the node's runtime notes the time every 100 ms; a thread of its own, outside the
 //! runtime, checks the note. If the runtime has not run that task for more than a second, the
