@@ -154,3 +154,56 @@ impl Drop for CallingBackRun {
         self.finished();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Passes the gate as a run without callbacks on a thread of its own; the receiver hears
+    /// when it is through.
+    fn run_without_callbacks(
+        gate: &Arc<Gate>,
+    ) -> (mpsc::Receiver<()>, std::thread::JoinHandle<()>) {
+        let (through, heard) = mpsc::channel();
+        let gate = gate.clone();
+        let thread = std::thread::spawn(move || {
+            let _window = gate.run_without_callbacks();
+            through.send(()).unwrap();
+        });
+        (heard, thread)
+    }
+
+    #[test]
+    fn runs_without_callbacks_wait_while_a_run_that_calls_back_starts() {
+        let gate = Arc::new(Gate::default());
+        let calling_back = gate.run_calling_back();
+        let (heard, thread) = run_without_callbacks(&gate);
+        assert!(heard.recv_timeout(Duration::from_millis(100)).is_err());
+        // Its first custom call on its own thread: it executes there, out of XLA's line.
+        calling_back.called_back_on_run_thread();
+        heard.recv_timeout(Duration::from_secs(5)).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_run_that_calls_back_and_was_queued_holds_the_line_until_it_is_done() {
+        let gate = Arc::new(Gate::default());
+        let calling_back = gate.run_calling_back();
+        calling_back.launched(false);
+        // Queued by XLA: it may be in the line, so a later run that calls back waits for it.
+        let (through, heard) = mpsc::channel();
+        let waiting = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                let _next = gate.run_calling_back();
+                through.send(()).unwrap();
+            })
+        };
+        assert!(heard.recv_timeout(Duration::from_millis(100)).is_err());
+        drop(calling_back);
+        heard.recv_timeout(Duration::from_secs(5)).unwrap();
+        waiting.join().unwrap();
+    }
+}

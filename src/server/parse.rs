@@ -121,3 +121,41 @@ pub fn milliseconds_or_infinity(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::term::{atom, int};
+
+    #[test]
+    fn timeouts_are_milliseconds_or_infinity() {
+        let read = |value: &Term, least| milliseconds_or_infinity("t", value, least);
+        assert_eq!(
+            read(&int(250), Milliseconds::Positive).unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            read(&int(0), Milliseconds::NonNegative).unwrap(),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            read(&atom("infinity"), Milliseconds::Positive).unwrap(),
+            None
+        );
+        let zero = read(&int(0), Milliseconds::Positive)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            zero.contains("t must be a positive number of milliseconds or :infinity, got 0"),
+            "{zero}"
+        );
+        let negative = read(&int(-1), Milliseconds::NonNegative)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            negative.contains("t must be a non-negative number of milliseconds or :infinity"),
+            "{negative}"
+        );
+        assert!(read(&atom("never"), Milliseconds::NonNegative).is_err());
+    }
+}
