@@ -10,7 +10,8 @@
 //! stay in order: once a sender has a message in fragments, its later messages wait in the same
 //! lane. Ticks go out when nothing else has been written for a tick interval.
 //!
-//! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
+//! Reader: frames through a buffered reader ([`frame::read_frame`]), decoded and handed to
+//! [`signals::handle`]. A peer
 //! silent for `net_ticktime` is declared down; so is one that sends a malformed frame or control
 //! message (what it was, or whom it was for, cannot be told), or a message larger than the node's
 //! limit (`--max-message-bytes`, fragments added up), which is refused before its bytes are read.

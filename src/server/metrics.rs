@@ -84,7 +84,8 @@ impl Collector for Families {
             &mut out,
             "runs",
             "Runs answered, by outcome: ok; error (XLA's error, a failed callback, arguments \
-             that do not fit the executable); timeout (no place within the run's queue_timeout).",
+             that do not fit the executable, a reference that names no executable or buffer); \
+             timeout (no place within the run's queue_timeout).",
             "outcome",
             &[
                 ("ok", runs - run_errors),

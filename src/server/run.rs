@@ -5,9 +5,11 @@
 //! the executable's parameters, here on the server's task, so that wrong arguments are answered
 //! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
 //! the [`Scheduler`](crate::schedule::Scheduler) admits the run to an executor thread, which
-//! executes it and replies with the results, as tensors or as buffers left on the device. A run
-//! reserves its host arguments' and results' bytes under `--max-device-bytes` before it executes
-//! (`device_budget.rs`).
+//! passes the gate through the run's [`Place`], executes it and replies with the results, as
+//! tensors or as buffers left on the device (where the run waits on the way: `crate::schedule`).
+//! A run reserves its host arguments' and results' bytes under `--max-device-bytes` before it
+//! executes (`device_budget.rs`). Every run that was parsed is answered, and counted, by
+//! [`reply`].
 //!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
