@@ -196,9 +196,10 @@ impl Dispatcher {
     /// Opens the callback context of one run, on the thread that executes it: `handle` = the
     /// run's handle (in the program's parameter 0), `target` = the run's `callback_server` option
     /// (None if not given), `requester` = pid that asked for the run, `timeout` = bound on each
-    /// callback wait (`None`: no bound), `calling_back` = the run's passage at the scheduler's gate, for a program
-    /// that calls back: the first custom call on the run's own thread tells it that the program
-    /// executes there. A bare name as target means a process registered on the requester's node.
+    /// callback wait (`None`: no bound), `calling_back` = the run's passage at the scheduler's
+    /// gate, for a program that calls back: the first custom call on the run's own thread tells
+    /// it that the program executes there. A bare name as target means a process registered on
+    /// the requester's node.
     pub fn open_run(
         self: &Arc<Self>,
         handle: RunHandle,

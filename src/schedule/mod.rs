@@ -166,9 +166,9 @@ impl Scheduler {
         self.executor.submit(job);
     }
 
-    /// Runs `job` on an executor thread as soon as the bounds admit it, handing it its [`Place`]. If it is still queued
-    /// after `queue_timeout` (`None`: no limit), it is dropped and `timed_out` is called instead,
-    /// on the runtime. Never blocks.
+    /// Runs `job` on an executor thread as soon as the bounds admit it, handing it its
+    /// [`Place`]. If it is still queued after `queue_timeout` (`None`: no limit), it is dropped
+    /// and `timed_out` is called instead, on the runtime. Never blocks.
     pub fn submit_run(
         self: &Arc<Self>,
         calls_back: bool,

@@ -163,7 +163,9 @@ async fn serve(mut process: Process, state: Arc<State>) {
             } => {
                 let freed = state.owner_down(&reference);
                 if freed > 0 {
-                    tracing::debug!("xla: {object} went down ({reason}); freed {freed} resources");
+                    tracing::debug!(
+                        "xla: {object} went down ({reason}); freeing {freed} resources"
+                    );
                 }
             }
         }

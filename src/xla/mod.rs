@@ -5,8 +5,9 @@
 //! (`catch`, around `catch.cc`) and the thin safe wrappers around them (`client`,
 //! `buffer`, `executable`, `ffi`, `kernel`). The rest is safe code on top:
 //! `run` (the one way to execute a program: its arguments checked first),
-//! `executor` (a compile cache, `compile_cache`, and a worker pool, `pool`), `tensor`, `dtype`, `packing` (how
-//! 2- and 4-bit elements are laid out), `signature`, `proto` (the protobuf reader it uses),
+//! `executor` (a compile cache, `compile_cache`, and a worker pool, `pool`), `tensor`,
+//! `dtype`, `packing` (how 2- and 4-bit elements are laid out), `signature`, `proto` (the
+//! protobuf reader it uses),
 //! `known_faults` (programs refused because XLA's CPU backend mishandles them).
 //! The compiler enforces it: the crate denies `unsafe_code` and only the files
 //! with unsafe code allow it.
