@@ -7,6 +7,7 @@
 pub mod dispatch;
 pub mod metrics;
 pub mod node;
+pub mod schedule;
 pub mod server;
 pub mod tensor_term;
 #[cfg(test)]

@@ -23,12 +23,10 @@ use xla_node::server::{self, ServerConfig};
 use xla_node::xla::{CreateOption, OptionValue};
 
 /// Large messages allocate and free multi-MiB buffers all the time. glibc hands each one back to
-/// the kernel and the next one page-faults in again; mimalloc reuses them, which made encoding and
-/// decoding a 16 MiB message 3 to 6 times faster here. Built with its `override` feature, it also
-/// serves `malloc`/`free` for the whole process, so the PJRT plugin's device buffers (host memory
-/// on CPU) are reused too: runs with 16 MiB arguments got 27% faster, a callback moving 16 MiB
-/// each way 40%, and the node's resident memory under such runs stayed flat (lower than with
-/// glibc).
+/// the kernel and the next one page-faults in again; mimalloc reuses them. Built with its
+/// `override` feature, it also serves `malloc`/`free` for the whole process, so the PJRT plugin's
+/// device buffers (host memory on CPU) are reused too, and the node's resident memory under large
+/// runs stays flat. What that saves: docs/performance.md, "Figures behind the code's choices".
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

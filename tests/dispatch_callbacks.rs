@@ -272,7 +272,9 @@ impl Env {
         timeout: Duration,
     ) -> (RunCallbacks, HostTensor) {
         let handle = RunHandle::next();
-        let run = self.dispatcher.open_run(handle, target, requester, timeout);
+        let run = self
+            .dispatcher
+            .open_run(handle, target, requester, Some(timeout), None);
         (run, handle.tensor())
     }
 

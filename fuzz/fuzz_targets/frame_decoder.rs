@@ -1,6 +1,7 @@
 //! Feeds arbitrary bytes to the frame and term decoders, and what they decode to the control
 //! message parser: they must return errors, never panic, overflow the stack or allocate from
-//! lying length fields.
+//! lying length fields. The frames go through `frame::read_frame`, the connection reader's own
+//! path.
 //! Run with `cargo +nightly fuzz run frame_decoder` from the repository root.
 #![no_main]
 

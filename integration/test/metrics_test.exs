@@ -328,6 +328,30 @@ defmodule XlaNode.MetricsTest do
     end
   end
 
+  test "every error reply of a run counts as a failed run, lookups included" do
+    node = start_metrics_node()
+    call = &GenServer.call({:xla, node.name}, &1)
+    {:ok, exe} = call.({:compile, @add_one})
+    {:ok, buf} = call.({:to_device, {<<0::128>>, {{:f, 32}, [4]}}})
+    before = scrape(node)
+    %{runs: runs, run_errors: errors} = info(node)
+
+    # The executable or a buffer looked up in vain, a buffer named as the executable, an
+    # executable named as a buffer, arguments that do not fit: each answered and counted alike.
+    assert {:error, {:argument_error, _}} = call.({:run, make_ref(), []})
+    assert {:error, {:argument_error, _}} = call.({:run, exe, [make_ref()]})
+    assert {:error, {:argument_error, _}} = call.({:run, buf, []})
+    assert {:error, {:argument_error, _}} = call.({:run, exe, [exe]})
+    assert {:error, {:argument_error, _}} = call.({:run, exe, []})
+    assert {:ok, [_]} = call.({:run, exe, [buf]})
+
+    assert %{runs: runs_after, run_errors: errors_after} = info(node)
+    assert {runs_after - runs, errors_after - errors} == {6, 5}
+    after_ = scrape(node)
+    runs_total = &delta(after_, before, "xla_node_runs_total", %{"outcome" => &1})
+    assert {runs_total.("ok"), runs_total.("error")} == {1, 5}
+  end
+
   test "messages and bytes in and out: exactly one message each way per call" do
     node = start_metrics_node()
     # Let the end of the connecting call (its demonitor) arrive first.

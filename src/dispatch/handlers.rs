@@ -64,7 +64,7 @@ pub(crate) fn runtime_callback(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Res
     let call = Call {
         dest: &dest,
         run: run.as_ref(),
-        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        timeout: run.as_ref().map_or(Some(d.default_timeout), |r| r.timeout),
         what: &what,
     };
     let build = |tag| {
@@ -161,7 +161,7 @@ pub(crate) fn infeed(d: &Dispatcher, frame: &mut CallFrame<'_>) -> Result<(), St
     let call = Call {
         dest: &dest,
         run: run.as_ref(),
-        timeout: run.as_ref().map_or(d.default_timeout, |r| r.timeout),
+        timeout: run.as_ref().map_or(Some(d.default_timeout), |r| r.timeout),
         what: &what,
     };
     let binaries = d

@@ -33,6 +33,7 @@ pub use target::RunHandle;
 
 use crate::metrics::{Histogram, Snapshot};
 use crate::node::{Dest, Node};
+use crate::schedule::CallingBackRun;
 use crate::xla::{register_host_handler, CallFrame, Client, HostHandler, XlaError};
 use eetf::Pid;
 use run::RunState;
@@ -221,13 +222,17 @@ impl Dispatcher {
     /// Opens the callback context of one run, on the thread that executes it: `handle` = the
     /// run's handle (in the program's parameter 0), `target` = the run's `callback_server` option
     /// (None if not given), `requester` = pid that asked for the run, `timeout` = bound on each
-    /// callback wait. A bare name as target means a process registered on the requester's node.
+    /// callback wait (`None`: no bound), `calling_back` = the run's passage at the scheduler's
+    /// gate, for a program that calls back: the first custom call on the run's own thread tells
+    /// it that the program executes there. A bare name as target means a process registered on
+    /// the requester's node.
     pub fn open_run(
         self: &Arc<Self>,
         handle: RunHandle,
         target: Option<Dest>,
         requester: Pid,
-        timeout: Duration,
+        timeout: Option<Duration>,
+        calling_back: Option<Arc<CallingBackRun>>,
     ) -> RunCallbacks {
         let target = target.map(|t| match t {
             Dest::Name(name) => Dest::Remote {
@@ -237,7 +242,13 @@ impl Dispatcher {
             other => other,
         });
         let handle = handle.number();
-        let state = Arc::new(RunState::new(self.node.clone(), target, requester, timeout));
+        let state = Arc::new(RunState::new(
+            self.node.clone(),
+            target,
+            requester,
+            timeout,
+            calling_back,
+        ));
         self.runs_lock().insert(handle, state.clone());
         RunCallbacks {
             dispatcher: self.clone(),
@@ -306,15 +317,6 @@ pub struct RunCallbacks {
     dispatcher: Arc<Dispatcher>,
     handle: u64,
     state: Arc<RunState>,
-}
-
-impl RunCallbacks {
-    /// Calls `f` when the first of the run's custom calls that runs on the thread that opened
-    /// the run starts: XLA's CPU client only does that inside `Execute`, for a program it
-    /// executes on the calling thread.
-    pub fn on_call_on_run_thread(&self, f: impl FnOnce() + Send + 'static) {
-        self.state.set_on_run_thread(Box::new(f));
-    }
 }
 
 impl Drop for RunCallbacks {

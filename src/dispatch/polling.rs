@@ -10,7 +10,8 @@ use std::time::Duration;
 ///
 /// A reply from a live process usually arrives within a few hundred microseconds. Parking the
 /// thread costs a futex wake-up by the network task that delivers the reply and the scheduler's
-/// delay before the thread runs again, about 30 µs on a virtual machine whose idle vCPUs halt.
+/// delay before the thread runs again, tens of microseconds on a virtual machine whose idle vCPUs
+/// halt (docs/performance.md).
 /// Polling is bounded in time (`--callback-spin-us`, and only for targets that usually answer
 /// within it) and in threads (half the CPUs, the node's busy-wait thread included while it is
 /// busy), so a crowd of waiting runs cannot take the CPUs from the network tasks.

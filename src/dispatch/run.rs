@@ -17,6 +17,7 @@ use super::inspect;
 use super::watch::{Registration, Watches};
 use crate::node::term::{atom, tuple};
 use crate::node::Node;
+use crate::schedule::CallingBackRun;
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -28,36 +29,39 @@ use crate::node::Dest;
 /// First element of the message that wakes an abandoned waiter: `{ABANDON, callback_ref}`.
 pub(crate) const ABANDON: &str = "$xla_node_callback_abandoned";
 
-type RefKey = (String, Vec<u32>, u32);
-
 /// One run's callback context (shared by the table, the [`super::RunCallbacks`] and the waiters).
 pub(crate) struct RunState {
     pub(crate) target: Option<Dest>,
     pub(crate) requester: Pid,
-    pub(crate) timeout: Duration,
+    /// Bound on each callback wait (`None`: `:infinity`).
+    pub(crate) timeout: Option<Duration>,
     node: Node,
     inner: Mutex<Inner>,
     /// The thread that opened the run, which is the thread that executes it.
     thread: ThreadId,
-    /// Called once, by the first custom call of the run that runs on that thread.
-    on_run_thread: Mutex<Option<OnRunThread>>,
+    /// The run's passage at the scheduler's gate (a program that calls back), told once, by the
+    /// first custom call of the run that runs on that thread.
+    calling_back: Mutex<Option<Arc<CallingBackRun>>>,
 }
-
-/// What a run's first custom call on the run's own thread calls (see [`RunState::note_call`]).
-pub(crate) type OnRunThread = Box<dyn FnOnce() + Send>;
 
 #[derive(Default)]
 struct Inner {
     /// Why the run's callbacks are abandoned, once they are.
     closed: Option<String>,
     /// Callbacks waiting now: callback reference -> waiting process.
-    pending: HashMap<RefKey, (Reference, Pid)>,
+    pending: HashMap<Reference, Pid>,
     /// The requester watch, once a callback started it.
     watch: Option<Registration>,
 }
 
 impl RunState {
-    pub(crate) fn new(node: Node, target: Option<Dest>, requester: Pid, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        node: Node,
+        target: Option<Dest>,
+        requester: Pid,
+        timeout: Option<Duration>,
+        calling_back: Option<Arc<CallingBackRun>>,
+    ) -> Self {
         RunState {
             target,
             requester,
@@ -65,27 +69,24 @@ impl RunState {
             node,
             inner: Mutex::new(Inner::default()),
             thread: std::thread::current().id(),
-            on_run_thread: Mutex::new(None),
+            calling_back: Mutex::new(calling_back),
         }
     }
 
-    pub(crate) fn set_on_run_thread(&self, f: OnRunThread) {
-        *self.on_run_thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
-    }
-
-    /// A custom call of this run is starting: on the run's own thread, that tells the server the
-    /// program executes there (see `server::schedule::Gate`).
+    /// A custom call of this run is starting: on the run's own thread, which XLA's CPU client
+    /// only does inside `Execute` for a program it executes on the calling thread, that tells the
+    /// scheduler's gate the program executes there (see `crate::schedule::Gate`).
     pub(crate) fn note_call(&self) {
         if std::thread::current().id() != self.thread {
             return;
         }
-        let f = self
-            .on_run_thread
+        let calling_back = self
+            .calling_back
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(f) = f {
-            f();
+        if let Some(calling_back) = calling_back {
+            calling_back.called_back_on_run_thread();
         }
     }
 
@@ -128,14 +129,12 @@ impl RunState {
         if let Some(reason) = &inner.closed {
             return Err(reason.clone());
         }
-        inner
-            .pending
-            .insert(key(cref), (cref.clone(), waiter.clone()));
+        inner.pending.insert(cref.clone(), waiter.clone());
         Ok(())
     }
 
     pub(crate) fn unregister(&self, cref: &Reference) {
-        self.lock().pending.remove(&key(cref));
+        self.lock().pending.remove(cref);
     }
 
     /// Abandons the run's callbacks: wakes every waiter and fails later callbacks with `reason`.
@@ -146,7 +145,7 @@ impl RunState {
                 return;
             }
             inner.closed = Some(reason);
-            inner.pending.drain().map(|(_, v)| v).collect()
+            inner.pending.drain().collect()
         };
         for (cref, waiter) in pending {
             let wake = tuple(vec![atom(ABANDON), Term::from(cref)]);
@@ -171,8 +170,4 @@ fn requester_exited(requester: &Pid, reason: &Term) -> String {
         requester.node.name,
         inspect::reason(reason)
     )
-}
-
-fn key(r: &Reference) -> RefKey {
-    crate::node::term::ref_key(r)
 }

@@ -4,7 +4,7 @@
 //! `send(pid, {ref, reply})` that the node's network tasks put into the waiter's mailbox: no XLA
 //! thread is needed to receive it. The XLA thread running the custom call first polls that mailbox
 //! for a short while (the node's `--callback-spin-us`) if the target usually answers within it,
-//! then parks on it with [`Process::recv_blocking_timeout`]. That thread is an executor thread or
+//! then parks on it with [`Process::recv_blocking_until`]. That thread is an executor thread or
 //! one of XLA's, never a thread of the node's runtime (see `server::schedule`), and the wait's
 //! deadline is the parked thread's own, so it holds whatever the runtime is doing.
 //!
@@ -81,7 +81,8 @@ pub(crate) struct Call<'a> {
     pub dest: &'a Dest,
     /// The run it belongs to, when the program names a run handle.
     pub run: Option<&'a Arc<RunState>>,
-    pub timeout: Duration,
+    /// How long it waits for the reply (`None`: no limit, `:infinity`).
+    pub timeout: Option<Duration>,
     /// Names the call in error texts ("callback :add_one").
     pub what: &'a str,
 }
@@ -240,26 +241,27 @@ impl Waiters {
         dest: &Dest,
         cref: &Reference,
         run: Option<&Arc<RunState>>,
-        timeout: Duration,
+        timeout: Option<Duration>,
         poll: Duration,
         what: &str,
     ) -> Result<Term, WaitError> {
         let local = self.node.name();
         let started = Instant::now();
-        let deadline = started + timeout;
-        let poll_until = started + poll.min(timeout);
+        let deadline = timeout.map(|timeout| started + timeout);
+        let poll_until = started + timeout.map_or(poll, |timeout| poll.min(timeout));
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some(signal) = (if left.is_zero() {
+            let passed = deadline.is_some_and(|deadline| Instant::now() >= deadline);
+            let Some(signal) = (if passed {
                 None
             } else {
                 self.spin_for_signal(waiter, poll_until)
-                    .or_else(|| waiter.recv_blocking_timeout(left))
+                    .or_else(|| waiter.recv_blocking_until(deadline))
             }) else {
+                let (Some(timeout), Some(deadline)) = (timeout, deadline) else {
+                    return Err(shutting_down(what));
+                };
                 if Instant::now() < deadline {
-                    return Err(WaitError::Abandoned(format!(
-                        "{what} failed: the node is shutting down"
-                    )));
+                    return Err(shutting_down(what));
                 }
                 return Err(WaitError::TimedOut(format!(
                     "callback timed out after {} ms waiting for {} to answer {what}",
@@ -321,4 +323,9 @@ fn down_text(dest: &Dest, local: &str, reason: &Term, what: &str) -> String {
         ),
     };
     format!("{body} (while waiting for the reply to {what})")
+}
+
+/// A wait that ended because the node shuts down (its mailbox closed).
+fn shutting_down(what: &str) -> WaitError {
+    WaitError::Abandoned(format!("{what} failed: the node is shutting down"))
 }

@@ -2,10 +2,9 @@
 //! schedulers do before they go to sleep (`erl +sbwt`, on by default).
 //!
 //! Why: a request that arrives while every CPU idles must first wake one, and on a virtual
-//! machine whose idle vCPUs halt (this one boots with `haltpoll.guest_halt_poll_ns=0`) that takes
-//! tens of microseconds. In a plain C ping-pong over loopback TCP here, a round trip took 88-106 us
-//! with both sides blocked in `read`, and 16 us when the server had one spare thread yielding in a
-//! loop. A client that calls again soon after its reply finds a CPU awake.
+//! machine whose idle vCPUs halt (guest halt polling off) that takes tens of microseconds, several
+//! times a round trip between two threads that are awake (figures in docs/performance.md). A
+//! client that calls again soon after its reply finds a CPU awake.
 //!
 //! The busy thread only calls `sched_yield`, so any thread with work to do takes the CPU from it
 //! at once. Each message received or sent moves its deadline; once a window passes without
@@ -14,8 +13,8 @@
 //!
 //! While busy, the thread counts itself in [`BusyWait::busy_threads`], the count that threads
 //! polling for callback replies also claim their places from: a CPU already kept awake needs no
-//! second spinner, and on a 2-CPU machine two of them left the callback server's node too little
-//! CPU (a callback took 20-60 us longer).
+//! second spinner, and on a 2-CPU machine two of them leave the callback server's node too little
+//! CPU (callbacks get slower; see docs/performance.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

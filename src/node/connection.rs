@@ -10,16 +10,16 @@
 //! stay in order: once a sender has a message in fragments, its later messages wait in the same
 //! lane. Ticks go out when nothing else has been written for a tick interval.
 //!
-//! Reader: frames through a buffered reader, decoded and handed to [`signals::handle`]. A peer
+//! Reader: frames through a buffered reader ([`frame::read_frame`]), decoded and handed to
+//! [`signals::handle`]. A peer
 //! silent for `net_ticktime` is declared down; so is one that sends a malformed frame or control
 //! message (what it was, or whom it was for, cannot be told), or a message larger than the node's
 //! limit (`--max-message-bytes`, fragments added up), which is refused before its bytes are read.
 //! A well-formed control message whose payload cannot be decoded fails alone (see [`signals`]).
 
-use super::frame::{self, Encoded, Fragmenter, FrameDecoder, FrameError};
+use super::frame::{self, Encoded, Fragmenter, FrameDecoder, FrameError, ReadFrameError};
 use super::handshake::PeerInfo;
 use super::outbox::{advance, Outbox, Outgoing};
-use super::reassembly;
 use super::stream::{DistStream, TlsStream};
 use super::{flags, signals, Node};
 use bytes::{Bytes, BytesMut};
@@ -27,15 +27,15 @@ use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufReader, WriteHalf};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Stop adding queued messages or fragments to a round's write once it is this large: a small
-/// message waits at most about one such write (~1 ms here) behind a large transfer, while a large
-/// transfer takes few syscalls (each a costly wake-up of the peer on a small VM).
+/// message waits at most about one such write behind a large transfer, while a large transfer
+/// takes few syscalls (each a costly wake-up of the peer on a small VM).
 const BATCH_LIMIT: usize = 1024 * 1024;
 
 /// Runs the connection until it fails, the peer goes silent, or `cancel` fires. Returns why it
@@ -115,22 +115,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
     half: R,
     ticktime: Duration,
 ) -> String {
-    // Small enough that reads of large binaries' data bypass it (no extra copy), large enough
-    // to gather many small frames per syscall.
-    let mut reader = BufReader::with_capacity(16 * 1024, half);
+    let mut reader = BufReader::with_capacity(frame::READ_BUFFER, half);
     let max_message = node.max_message_bytes();
     let mut decoder = FrameDecoder::default().with_max_message(max_message);
     // Reused for every frame that is not part of a fragmented message.
     let mut body: Vec<u8> = Vec::new();
     loop {
-        let read = read_frame(
-            &mut reader,
-            &mut decoder,
-            &mut body,
-            peer,
-            max_message,
-            ticktime,
-        );
+        let read = frame::read_frame(&mut reader, &mut decoder, &mut body, ticktime);
         let message = match read.await {
             Ok(Some(message)) => {
                 super::probe::frame_read();
@@ -138,7 +129,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 message
             }
             Ok(None) => continue,
-            Err(reason) => return reason,
+            Err(e) => return why_dropped(peer, e),
         };
         if let Err(e) = signals::handle(node, peer, message) {
             tracing::warn!(%peer, "malformed control message, dropping the connection: {e}");
@@ -148,78 +139,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-/// Reads one frame: returns the message it completes, if any, or why the connection ends.
-async fn read_frame<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-    decoder: &mut FrameDecoder,
-    body: &mut Vec<u8>,
-    peer: &str,
-    max_message: usize,
-    ticktime: Duration,
-) -> Result<Option<frame::Message>, String> {
-    let malformed = |e: &FrameError| match e {
-        FrameError::TooLarge { limit } => too_large(peer, *limit),
-        e => {
+/// Why a frame that could not be read ends the connection, with a warning naming the peer when
+/// it sent something it should not have.
+fn why_dropped(peer: &str, error: ReadFrameError) -> String {
+    match error {
+        ReadFrameError::Malformed(FrameError::TooLarge { limit }) => too_large(peer, limit),
+        ReadFrameError::Malformed(e) => {
             tracing::warn!(%peer, "malformed frame, dropping the connection: {e}");
             format!("malformed frame: {e}")
         }
-    };
-    let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
-        Err(_) => return Err(format!("no data for net_ticktime ({ticktime:?})")),
-        // The peer closed the connection (over TLS, possibly without a close_notify alert).
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err("connection closed".to_string())
-        }
-        Ok(Err(e)) => return Err(format!("connection closed ({e})")),
-        Ok(Ok(len)) => len as usize,
-    };
-    super::traffic::received_bytes(4 + len);
-    if len == 0 {
-        return Ok(None); // tick
+        ReadFrameError::Closed(reason) => reason,
     }
-    if len > max_message {
-        return Err(too_large(peer, max_message));
-    }
-    // Fragments of a fragmented message (`131 'E'`, 19-byte header, then `131 'F'`, 18 bytes) go
-    // from the socket straight into the message's reassembly, large binaries into vectors of
-    // their own that become the decoded binaries: their data is copied once, by the read.
-    let mut head = [0u8; 19];
-    let mut head_len = 0;
-    if len > 18 {
-        read_exact_within(reader, &mut head[..18], ticktime).await?;
-        head_len = 18;
-        let fragment = match head[..2] {
-            [131, b'F'] => {
-                let (seq, id) = frame::fragment_ids(&head[..18]).expect("18-byte header");
-                let message = decoder
-                    .continuation(seq, id, len - 18)
-                    .map_err(|e| malformed(&e))?;
-                Some((seq, message))
-            }
-            [131, b'E'] => {
-                read_exact_within(reader, &mut head[18..], ticktime).await?;
-                head_len = 19;
-                let (seq, id) = frame::first_fragment_ids(&head).map_err(|e| malformed(&e))?;
-                // A message in one fragment is decoded from `body` like any other frame.
-                (id > 1).then(|| (seq, decoder.start(seq, id, len - 19)))
-            }
-            _ => None,
-        };
-        if let Some((seq, message)) = fragment {
-            let read = reassembly::read_into(reader, message, len - head_len);
-            match tokio::time::timeout(ticktime, read).await {
-                Err(_) => return Err("frame stalled for net_ticktime".to_string()),
-                Ok(Err(reassembly::ReadError::Frame(e))) => return Err(malformed(&e)),
-                Ok(Err(e)) => return Err(e.to_string()),
-                Ok(Ok(())) => {}
-            }
-            return decoder.continued(seq).map_err(|e| malformed(&e));
-        }
-    }
-    body.clear();
-    body.extend_from_slice(&head[..head_len]);
-    read_to_end_within(reader, body, len - head_len, ticktime).await?;
-    decoder.decode(body).map_err(|e| malformed(&e))
 }
 
 /// A peer sent a message over the limit: one warning naming it, and the reason the connection ends.
@@ -404,38 +334,6 @@ async fn write_socket(chunks: &mut Vec<Bytes>, stream: &TcpStream) -> std::io::R
 
 /// Most buffers handed to one `writev` (Linux allows 1024).
 const MAX_IOVECS: usize = 64;
-
-/// Reads exactly `buf.len()` bytes, or says why the connection ends.
-async fn read_exact_within<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-    buf: &mut [u8],
-    limit: Duration,
-) -> Result<(), String> {
-    match tokio::time::timeout(limit, reader.read_exact(buf)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("connection closed inside a frame ({e})")),
-        Err(_) => Err("frame stalled for net_ticktime".to_string()),
-    }
-}
-
-/// Appends exactly `len` bytes to `buf`, growing it as bytes arrive rather than trusting the
-/// length up front.
-async fn read_to_end_within<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-    buf: &mut Vec<u8>,
-    len: usize,
-    limit: Duration,
-) -> Result<(), String> {
-    buf.reserve(len.min(1 << 20));
-    match tokio::time::timeout(limit, reader.take(len as u64).read_to_end(buf)).await {
-        Ok(Ok(n)) if n == len => Ok(()),
-        Ok(Ok(n)) => Err(format!(
-            "connection closed inside a frame ({n} of {len} bytes)"
-        )),
-        Ok(Err(e)) => Err(format!("connection closed ({e})")),
-        Err(_) => Err("frame stalled for net_ticktime".to_string()),
-    }
-}
 
 async fn write_loop(
     node: &Node,

@@ -15,11 +15,15 @@
 
 use super::message::{decode_message, decode_pass_through};
 pub use super::message::{FrameError, Message, DEFAULT_MAX_MESSAGE_SIZE};
-use super::reassembly::{Nonce, Reassembly, BIG_BINARY};
+use super::reassembly::{
+    read_into, Nonce, ReadError as ReassemblyReadError, Reassembly, BIG_BINARY,
+};
 use super::term::{encode_bare_into, encode_bare_owned, encode_into, Chunks, TermError};
 use bytes::{Buf, Bytes};
 use eetf::Term;
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 
 /// Size of the data in each outgoing fragment. OTP sends 64 KiB fragments and accepts any size;
 /// larger ones cost the receiving BEAM less per byte, and the writer still interleaves other
@@ -191,24 +195,159 @@ pub fn fragment_ids(body: &[u8]) -> Result<(u64, u64), FrameError> {
     ))
 }
 
-/// Decodes a byte stream of length-prefixed frames, as a connection's reader would after the
-/// handshake, stopping at the first error. Used by the fuzz target and its corpus replay. Binaries
-/// from 64 bytes up count as large in fragmented messages (the messages are the same for any
-/// threshold), so that short inputs reach the reassembly's zero-copy path too.
-pub fn decode_stream(mut data: &[u8]) -> Result<Vec<Message>, FrameError> {
-    let mut decoder = FrameDecoder::with_big_binary(64);
-    let mut messages = Vec::new();
-    while data.len() >= 4 {
-        let len = u32::from_be_bytes(data[..4].try_into().expect("4 bytes")) as usize;
-        let Some(body) = data.get(4..4 + len) else {
-            return Err(TermError::Truncated(4).into());
+/// The connection reader's buffer: small enough that reads of large binaries' data bypass it (no
+/// extra copy), large enough to gather many small frames per syscall.
+pub const READ_BUFFER: usize = 16 * 1024;
+
+/// Why [`read_frame`] read no message.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadFrameError {
+    /// The peer sent something that is not a frame it may send (or a message over the limit).
+    #[error("malformed frame: {0}")]
+    Malformed(FrameError),
+    /// The stream ended, failed or went silent for the tick time.
+    #[error("{0}")]
+    Closed(String),
+}
+
+impl From<FrameError> for ReadFrameError {
+    fn from(e: FrameError) -> Self {
+        ReadFrameError::Malformed(e)
+    }
+}
+
+/// Reads one frame from a connection's stream: returns the message it completes, if any (a
+/// tick, or a fragment that does not end its message, completes none). The one dispatch on frame
+/// types: the connection's reader uses it, and [`decode_stream`] (the fuzz target's path) too.
+///
+/// Fragments of a fragmented message (`131 'E'`, 19-byte header, then `131 'F'`, 18 bytes) go
+/// from the stream straight into the message's reassembly, large binaries into vectors of their
+/// own that become the decoded binaries: their data is copied once, by the read. Other frames are
+/// read whole into `body` and decoded by [`FrameDecoder::decode`]. A frame larger than the
+/// decoder's message limit is refused before its bytes are read.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    decoder: &mut FrameDecoder,
+    body: &mut Vec<u8>,
+    ticktime: Duration,
+) -> Result<Option<Message>, ReadFrameError> {
+    let closed = |reason: String| ReadFrameError::Closed(reason);
+    let len = match tokio::time::timeout(ticktime, reader.read_u32()).await {
+        Err(_) => return Err(closed(format!("no data for net_ticktime ({ticktime:?})"))),
+        // The peer closed the connection (over TLS, possibly without a close_notify alert).
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(closed("connection closed".to_string()))
+        }
+        Ok(Err(e)) => return Err(closed(format!("connection closed ({e})"))),
+        Ok(Ok(len)) => len as usize,
+    };
+    super::traffic::received_bytes(4 + len);
+    if len == 0 {
+        return Ok(None); // tick
+    }
+    if len > decoder.max_message {
+        return Err(FrameError::TooLarge {
+            limit: decoder.max_message,
+        }
+        .into());
+    }
+    let mut head = [0u8; 19];
+    let mut head_len = 0;
+    if len > 18 {
+        read_exact_within(reader, &mut head[..18], ticktime).await?;
+        head_len = 18;
+        let fragment = match head[..2] {
+            [VERSION_MAGIC, DIST_FRAG_CONT] => {
+                let (seq, id) = fragment_ids(&head[..18]).expect("18-byte header");
+                let message = decoder.continuation(seq, id, len - 18)?;
+                Some((seq, message))
+            }
+            [VERSION_MAGIC, DIST_FRAG_HEADER] => {
+                read_exact_within(reader, &mut head[18..], ticktime).await?;
+                head_len = 19;
+                let (seq, id) = first_fragment_ids(&head)?;
+                // A message in one fragment is decoded from `body` like any other frame.
+                (id > 1).then(|| (seq, decoder.start(seq, id, len - 19)))
+            }
+            _ => None,
         };
-        data = &data[4 + len..];
-        if len > 0 {
-            messages.extend(decoder.decode(body)?);
+        if let Some((seq, message)) = fragment {
+            let read = read_into(reader, message, len - head_len);
+            match tokio::time::timeout(ticktime, read).await {
+                Err(_) => return Err(closed("frame stalled for net_ticktime".to_string())),
+                Ok(Err(ReassemblyReadError::Frame(e))) => return Err(e.into()),
+                Ok(Err(e)) => return Err(closed(e.to_string())),
+                Ok(Ok(())) => {}
+            }
+            return Ok(decoder.continued(seq)?);
         }
     }
-    Ok(messages)
+    body.clear();
+    body.extend_from_slice(&head[..head_len]);
+    read_to_end_within(reader, body, len - head_len, ticktime).await?;
+    Ok(decoder.decode(body)?)
+}
+
+/// Reads exactly `buf.len()` bytes, or says why the connection ends.
+async fn read_exact_within<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    buf: &mut [u8],
+    limit: Duration,
+) -> Result<(), ReadFrameError> {
+    match tokio::time::timeout(limit, reader.read_exact(buf)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(ReadFrameError::Closed(format!(
+            "connection closed inside a frame ({e})"
+        ))),
+        Err(_) => Err(ReadFrameError::Closed(
+            "frame stalled for net_ticktime".to_string(),
+        )),
+    }
+}
+
+/// Appends exactly `len` bytes to `buf`, growing it as bytes arrive rather than trusting the
+/// length up front.
+async fn read_to_end_within<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    len: usize,
+    limit: Duration,
+) -> Result<(), ReadFrameError> {
+    buf.reserve(len.min(1 << 20));
+    let closed = ReadFrameError::Closed;
+    match tokio::time::timeout(limit, reader.take(len as u64).read_to_end(buf)).await {
+        Ok(Ok(n)) if n == len => Ok(()),
+        Ok(Ok(n)) => Err(closed(format!(
+            "connection closed inside a frame ({n} of {len} bytes)"
+        ))),
+        Ok(Err(e)) => Err(closed(format!("connection closed ({e})"))),
+        Err(_) => Err(closed("frame stalled for net_ticktime".to_string())),
+    }
+}
+
+/// Decodes a byte stream of length-prefixed frames through [`read_frame`], as a connection's
+/// reader does after the handshake, stopping at the first error; fewer than 4 bytes left over
+/// end the stream. Used by the fuzz target and its corpus replay. Binaries from 64 bytes up count
+/// as large in fragmented messages (the messages are the same for any threshold), so that short
+/// inputs reach the reassembly's zero-copy path too.
+pub fn decode_stream(data: &[u8]) -> Result<Vec<Message>, ReadFrameError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| ReadFrameError::Closed(format!("cannot start a runtime: {e}")))?;
+    runtime.block_on(async {
+        let mut reader = BufReader::with_capacity(READ_BUFFER, data);
+        let mut decoder = FrameDecoder::with_big_binary(64);
+        let mut body = Vec::new();
+        let mut messages = Vec::new();
+        // Bytes in memory never stall: the tick time only bounds a bug.
+        let ticktime = Duration::from_secs(60);
+        while reader.buffer().len() + reader.get_ref().len() >= 4 {
+            let read = read_frame(&mut reader, &mut decoder, &mut body, ticktime).await?;
+            messages.extend(read);
+        }
+        Ok(messages)
+    })
 }
 
 /// One message body (without the length prefix) in one buffer, as [`encode_owned`] sends it: for

@@ -10,15 +10,15 @@ use super::term::{as_atom, as_tuple, decode_at, head, tuple, Decoded};
 use super::Process;
 use eetf::{Pid, Term};
 
-/// Who to reply to.
+/// The caller of a gen_server call, `{pid, tag}` (gen_server's `From`): who to reply to.
 #[derive(Debug, Clone)]
-pub struct From {
+pub struct Caller {
     pub pid: Pid,
     pub tag: Term,
 }
 
 /// Splits a `$gen_call` message into its sender and request.
-pub fn parse_call(message: Term) -> Result<(From, Term), Term> {
+pub fn parse_call(message: Term) -> Result<(Caller, Term), Term> {
     parse_tagged("$gen_call", message)
 }
 
@@ -37,7 +37,7 @@ pub fn parse_cast(message: Term) -> Result<Term, Term> {
 /// when only the request, its last element, could not be decoded: the tuple's header, the
 /// `:"$gen_call"` atom and the `{pid, tag}` are decoded one by one and must be sound; what
 /// follows is not looked at. `None` if the bytes are not such a call.
-pub fn call_envelope(bytes: &[u8], at: usize) -> Option<From> {
+pub fn call_envelope(bytes: &[u8], at: usize) -> Option<Caller> {
     let tuple_head = head(bytes, at, bytes.len()).ok()?;
     // SMALL_TUPLE_EXT or LARGE_TUPLE_EXT of three elements.
     if !matches!(tuple_head.tag, 104 | 105) || tuple_head.children != 3 {
@@ -50,27 +50,27 @@ pub fn call_envelope(bytes: &[u8], at: usize) -> Option<From> {
     let Decoded { term: from, .. } = decode_at(bytes, end).ok()?;
     let Term::Tuple(from) = from else { return None };
     match <[Term; 2]>::try_from(from.elements) {
-        Ok([Term::Pid(pid), tag]) => Some(From { pid, tag }),
+        Ok([Term::Pid(pid), tag]) => Some(Caller { pid, tag }),
         _ => None,
     }
 }
 
 /// Splits a system message (`{:system, from, request}`, as `:sys` sends) the same way.
-pub fn parse_system(message: Term) -> Result<(From, Term), Term> {
+pub fn parse_system(message: Term) -> Result<(Caller, Term), Term> {
     parse_tagged("system", message)
 }
 
 /// The caller of a `$gen_call` message, without taking the message apart.
-pub fn call_from(message: &Term) -> Option<From> {
+pub fn call_from(message: &Term) -> Option<Caller> {
     tagged_from("$gen_call", message)
 }
 
-fn tagged_from(tag: &str, message: &Term) -> Option<From> {
+fn tagged_from(tag: &str, message: &Term) -> Option<Caller> {
     let [t, from, _] = as_tuple(message, 3)? else {
         return None;
     };
     match (as_atom(t), as_tuple(from, 2)?) {
-        (Some(t), [Term::Pid(pid), tag_term]) if t == tag => Some(From {
+        (Some(t), [Term::Pid(pid), tag_term]) if t == tag => Some(Caller {
             pid: pid.clone(),
             tag: tag_term.clone(),
         }),
@@ -78,7 +78,7 @@ fn tagged_from(tag: &str, message: &Term) -> Option<From> {
     }
 }
 
-fn parse_tagged(tag: &str, message: Term) -> Result<(From, Term), Term> {
+fn parse_tagged(tag: &str, message: Term) -> Result<(Caller, Term), Term> {
     match (tagged_from(tag, &message), message) {
         (Some(from), Term::Tuple(mut t)) => Ok((from, t.elements.pop().expect("three elements"))),
         (_, message) => Err(message),
@@ -86,12 +86,12 @@ fn parse_tagged(tag: &str, message: Term) -> Result<(From, Term), Term> {
 }
 
 /// Sends `{tag, reply}` the way the caller expects it.
-pub fn reply(process: &Process, from: &From, reply: Term) {
+pub fn reply(process: &Process, from: &Caller, reply: Term) {
     reply_from(process.node(), process.pid(), from, reply)
 }
 
 /// [`reply`] for code that holds only the node and the replying pid (worker threads).
-pub fn reply_from(node: &super::Node, me: &Pid, from: &From, reply: Term) {
+pub fn reply_from(node: &super::Node, me: &Pid, from: &Caller, reply: Term) {
     let message = tuple(vec![from.tag.clone(), reply]);
     match &from.tag {
         Term::ImproperList(l)

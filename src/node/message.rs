@@ -55,7 +55,7 @@ pub struct PayloadError {
     pub error: TermError,
     /// The caller of a `{:"$gen_call", {pid, tag}, request}` whose request (only) could not be
     /// decoded.
-    pub call: Option<gen::From>,
+    pub call: Option<gen::Caller>,
 }
 
 impl Message {

@@ -159,23 +159,31 @@ impl Process {
     /// timeout passes; no timer of the runtime is involved, so the deadline holds even if every
     /// runtime thread were busy. Returns `None` on timeout or when the node shut down.
     pub fn recv_blocking_timeout(&mut self, timeout: Duration) -> Option<Signal> {
+        self.recv_blocking_until(Some(Instant::now() + timeout))
+    }
+
+    /// [`Process::recv_blocking_timeout`] until `deadline`; `None`: until a signal comes or the
+    /// node shuts down.
+    pub fn recv_blocking_until(&mut self, deadline: Option<Instant>) -> Option<Signal> {
         debug_assert!(
             tokio::runtime::Handle::try_current().is_err(),
-            "recv_blocking_timeout blocks: never call it on a runtime thread"
+            "recv_blocking_until blocks: never call it on a runtime thread"
         );
-        let deadline = Instant::now() + timeout;
         let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         loop {
             match self.mailbox.poll_recv(&mut cx) {
                 Poll::Ready(signal) => return signal,
-                Poll::Pending => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
+                Poll::Pending => match deadline {
+                    Some(deadline) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return None;
+                        }
+                        std::thread::park_timeout(left);
                     }
-                    std::thread::park_timeout(left);
-                }
+                    None => std::thread::park(),
+                },
             }
         }
     }
@@ -214,7 +222,7 @@ impl Drop for Process {
     }
 }
 
-/// Wakes a thread parked in [`Process::recv_blocking_timeout`].
+/// Wakes a thread parked in [`Process::recv_blocking_until`].
 struct Unpark(Thread);
 
 impl Wake for Unpark {

@@ -12,7 +12,7 @@
 
 use super::control::{ControlMessage, ProcRef};
 use super::process::{Dest, Process, Signal};
-use super::term::{atom, ref_key};
+use super::term::atom;
 use super::{probe, Node};
 use eetf::{Pid, Reference, Term};
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ pub(crate) struct ProcessTable {
     processes: HashMap<u32, Entry>,
     names: HashMap<String, Pid>,
     /// Monitors our processes hold on remote processes, by reference.
-    remote_monitors: HashMap<RefKey, RemoteMonitor>,
+    remote_monitors: HashMap<Reference, RemoteMonitor>,
 }
 
 /// Bookkeeping for one live local process.
@@ -48,8 +48,6 @@ pub(super) struct Watcher {
     /// The pid or `{name, node}` the monitor was set on: `:DOWN` and MONITOR_P_EXIT echo it back.
     pub object: Term,
 }
-
-type RefKey = (String, Vec<u32>, u32);
 
 /// A monitor one of our processes holds on a remote process.
 struct RemoteMonitor {
@@ -278,7 +276,7 @@ impl Node {
         }
         let to = target.proc_ref();
         self.table().remote_monitors.insert(
-            ref_key(&reference),
+            reference.clone(),
             RemoteMonitor {
                 owner: owner.clone(),
                 target,
@@ -301,7 +299,7 @@ impl Node {
     /// Drops the monitor `reference` that `owner` set with [`Node::monitor`].
     pub(crate) fn demonitor(&self, owner: &Pid, reference: &Reference) {
         let mut table = self.table();
-        match table.remote_monitors.remove(&ref_key(reference)) {
+        match table.remote_monitors.remove(reference) {
             Some(m) => {
                 drop(table);
                 self.cancel_remote_monitor(owner, m.target, reference.clone());
@@ -328,7 +326,7 @@ impl Node {
 
     /// Fires a remote monitor held by one of our processes (MONITOR_P_EXIT or connection loss).
     pub(crate) fn fire_remote_monitor(&self, reference: &Reference, reason: Term) {
-        let Some(m) = self.table().remote_monitors.remove(&ref_key(reference)) else {
+        let Some(m) = self.table().remote_monitors.remove(reference) else {
             return;
         };
         let object = m.target.to_term(self.name());

@@ -575,9 +575,11 @@ mod tests {
         Ok(result.expect("the last fragment completes the message"))
     }
 
-    /// Reads a stream of frames the way the connection's reader does (`connection::read_frame`):
+    /// Reads a stream of frames the way the connection's reader does (`frame::read_frame`):
     /// fragments through `start`/`continuation`, `read_into` and `continued`, other frames whole.
-    /// Records where each large binary's vector was allocated, checking it never moves.
+    /// Records where each large binary's vector was allocated, checking it never moves: a copy
+    /// of `read_frame`'s steps with that check between `read_into` and `continued`, which
+    /// `read_frame` itself has no place for.
     async fn read_stream(
         decoder: &mut FrameDecoder,
         bytes: &[u8],

@@ -15,7 +15,7 @@
 
 use super::control::{altact, AltactTarget, ControlError, ControlMessage, ProcRef};
 use super::frame::Message;
-use super::gen::{self, From};
+use super::gen::{self, Caller};
 use super::message::PayloadError;
 use super::native_record;
 use super::process::Signal;
@@ -94,7 +94,7 @@ fn describe(to: Local<'_>) -> String {
 
 /// Answers the call of `from` in the name of the process `to`, if that process is alive (if it
 /// is not, the caller's monitor tells it so).
-fn answer(node: &Node, to: Local<'_>, from: &From, reply: Term) {
+fn answer(node: &Node, to: Local<'_>, from: &Caller, reply: Term) {
     if let Some(pid) = node.live_pid(to) {
         gen::reply_from(node, &pid, from, reply);
     }

@@ -11,7 +11,7 @@
 
 use super::native_record::{self, RECORD_EXT};
 use bytes::Bytes;
-use eetf::{Atom, Binary, FixInteger, List, Reference, Term, Tuple};
+use eetf::{Atom, Binary, FixInteger, List, Term, Tuple};
 use std::io::Read;
 
 /// Deepest nesting of containers accepted from the network. The BEAM has no such limit, but the
@@ -652,11 +652,6 @@ pub fn as_list(term: &Term) -> Option<Vec<Term>> {
         Term::ByteList(b) => Some(b.bytes.iter().map(|&b| int(i64::from(b))).collect()),
         _ => None,
     }
-}
-
-/// Key under which references are stored in tables.
-pub fn ref_key(r: &Reference) -> (String, Vec<u32>, u32) {
-    (r.node.name.clone(), r.id.clone(), r.creation)
 }
 
 #[cfg(test)]

@@ -7,14 +7,12 @@
 
 use super::error::RequestError;
 use super::parse::{argument, keywords, Elements};
-use super::resources::{Program, Resource};
 use super::state::State;
 use crate::dispatch;
-use crate::node::gen::From;
+use crate::node::gen::Caller;
 use crate::xla::XlaError;
 use eetf::Term;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// `{:compile, mlir, opts}`, parsed.
 #[derive(Debug)]
@@ -44,16 +42,10 @@ impl CompileRequest {
         Ok(CompileRequest { program })
     }
 
-    pub fn apply(self, state: &Arc<State>, from: From) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
         let program = self.program;
-        let calls_back = Program::mentions_callbacks(&program);
         state.spawn(move |state| {
-            let started = Instant::now();
-            let compiled = state.executor.compile(program).map(|(exe, _cache_hit)| {
-                let exe = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
-                Term::from(state.register(exe, &from.pid))
-            });
-            state.compile_time.record(started.elapsed());
+            let compiled = state.compile(program, &from.pid).map(Term::from);
             let explained = compiled.map_err(|e| explain_missing_handler(e, state).into());
             state.reply_result(&from, explained);
         });
@@ -76,9 +68,8 @@ fn explain_missing_handler(error: XlaError, state: &State) -> XlaError {
         .split_whitespace()
         .next()
         .unwrap_or_default();
-    let callbacks_off = state.dispatcher.unavailable_reason();
-    let why = match callbacks_off {
-        Some(reason) if dispatch::CALLBACK_TARGETS.contains(&target) => format!(
+    let why = match state.host_callbacks() {
+        Err(reason) if dispatch::CALLBACK_TARGETS.contains(&target) => format!(
             "This node runs no host callbacks ({reason}): split the program at its callbacks \
              (XlaNode.Compiler does when :info says host_callbacks: false)."
         ),

@@ -15,12 +15,12 @@ use std::collections::HashMap;
 
 /// The reply's map.
 pub fn info(state: &State) -> Term {
-    let node = &state.node;
-    let client = state.executor.client();
-    let compiles = state.executor.stats();
-    let held = state.resources.held();
-    let scheduled = state.scheduler.counts();
-    let (runs, run_errors) = state.runs.counts();
+    let node = state.node();
+    let client = state.client();
+    let compiles = state.executor_stats();
+    let held = state.held();
+    let scheduled = state.run_counts();
+    let (runs, run_errors) = state.runs().counts();
     let (major, minor) = client.api().version();
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
     let devices = client
@@ -41,8 +41,8 @@ pub fn info(state: &State) -> Term {
             "device_info",
             list(client.device_memory().iter().map(device).collect()),
         ),
-        ("host_callbacks", boolean(state.dispatcher.host_callbacks())),
-        ("plugin", text(state.plugin.display().to_string())),
+        ("host_callbacks", boolean(state.host_callbacks().is_ok())),
+        ("plugin", text(state.plugin().display().to_string())),
         ("max_message_bytes", int(node.max_message_bytes() as i64)),
         ("pjrt_api_version", text(format!("{major}.{minor}"))),
         ("executables", int(held.executables as i64)),
@@ -50,7 +50,7 @@ pub fn info(state: &State) -> Term {
         ("buffer_bytes", int(held.buffer_bytes as i64)),
         (
             "max_device_bytes",
-            match state.device_budget.limit() {
+            match state.device_limit() {
                 Some(limit) => int(limit as i64),
                 None => atom("infinity"),
             },
@@ -90,7 +90,7 @@ fn device(d: &DeviceMemory) -> Term {
 
 /// The dispatcher's counters.
 fn callbacks(state: &State) -> Term {
-    let s = state.dispatcher.stats();
+    let s = state.dispatch_stats();
     let mut entries = vec![
         ("sent", int(s.callbacks as i64)),
         ("replies", int(s.replies as i64)),
@@ -132,17 +132,17 @@ fn latency(state: &State) -> Term {
         ])
     };
     map(vec![
-        ("run", summary(state.runs.duration.snapshot())),
-        ("queue_wait", summary(state.runs.queue_wait.snapshot())),
-        ("compile", summary(state.compile_time.snapshot())),
-        ("callback", summary(state.dispatcher.stats().round_trip)),
+        ("run", summary(state.runs().duration.snapshot())),
+        ("queue_wait", summary(state.runs().queue_wait.snapshot())),
+        ("compile", summary(state.compile_time().snapshot())),
+        ("callback", summary(state.dispatch_stats().round_trip)),
     ])
 }
 
 /// Error replies sent, per kind.
 fn request_errors(state: &State) -> Term {
     map(state
-        .errors
+        .errors()
         .counts()
         .iter()
         .map(|&(kind, n)| (kind.as_str(), int(n as i64)))

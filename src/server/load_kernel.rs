@@ -9,7 +9,7 @@ use super::error::RequestError;
 use super::kernels::allowed_path;
 use super::parse::{argument, boolean, keywords, string, Elements};
 use super::state::State;
-use crate::node::gen::From;
+use crate::node::gen::Caller;
 use crate::node::term::atom;
 use crate::xla::{load_kernel, KernelSpec, Loaded};
 use std::path::PathBuf;
@@ -58,21 +58,21 @@ impl LoadKernelRequest {
     }
 
     /// Checks the path against `--kernel-dir` here, loads on an executor thread.
-    pub fn apply(self, state: &Arc<State>, from: From) {
-        let library = match allowed_path(&state.kernels.dirs, &self.path) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let library = match allowed_path(&state.kernel_policy().dirs, &self.path) {
             Ok(library) => library,
             Err(e) => return state.reply_error(&from, &e),
         };
         let spec = KernelSpec {
             version_shim: self
                 .version_shim
-                .unwrap_or_else(|| state.kernels.version_shim.applies_to(&self.target)),
+                .unwrap_or_else(|| state.kernel_policy().version_shim.applies_to(&self.target)),
             target: self.target,
             library,
             symbol: self.symbol,
         };
         state.spawn(move |state| {
-            let result = load_kernel(state.executor.client(), &spec);
+            let result = load_kernel(state.client(), &spec);
             if let Ok(Loaded::New(k)) = &result {
                 tracing::info!(target = %k.target, library = %k.library.display(), symbol = %k.symbol, shimmed = k.shimmed, "kernel loaded at run time");
             }

@@ -28,7 +28,7 @@ pub fn render(state: Arc<State>) -> Render {
     let start_time = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
-        .saturating_sub(state.node.uptime())
+        .saturating_sub(state.node().uptime())
         .as_secs_f64();
     let mut registry = Registry::with_prefix("xla_node");
     registry.register_collector(Box::new(Families { state, start_time }));
@@ -55,7 +55,7 @@ impl fmt::Debug for Families {
 impl Collector for Families {
     fn encode(&self, mut out: DescriptorEncoder) -> fmt::Result {
         let state = &self.state;
-        let client = state.executor.client();
+        let client = state.client();
         let (major, minor) = client.api().version();
         let pjrt = format!("{major}.{minor}");
         let build = [
@@ -79,13 +79,14 @@ impl Collector for Families {
             self.start_time,
         )?;
 
-        let (runs, run_errors) = state.runs.counts();
-        let scheduled = state.scheduler.counts();
+        let (runs, run_errors) = state.runs().counts();
+        let scheduled = state.run_counts();
         counters(
             &mut out,
             "runs",
             "Runs answered, by outcome: ok; error (XLA's error, a failed callback, arguments \
-             that do not fit the executable); timeout (no place within the run's queue_timeout).",
+             that do not fit the executable, a reference that names no executable or buffer); \
+             timeout (no place within the run's queue_timeout).",
             "outcome",
             &[
                 ("ok", runs - run_errors),
@@ -97,13 +98,13 @@ impl Collector for Families {
             &mut out,
             "run_duration",
             "Runs' time on their executor thread, from start to results in hand.",
-            &state.runs.duration.snapshot(),
+            &state.runs().duration.snapshot(),
         )?;
         histogram(
             &mut out,
             "run_queue_wait",
             "Runs' time from the request's arrival to their start on an executor thread.",
-            &state.runs.queue_wait.snapshot(),
+            &state.runs().queue_wait.snapshot(),
         )?;
         gauge(
             &mut out,
@@ -120,7 +121,7 @@ impl Collector for Families {
             scheduled.queued as f64,
         )?;
 
-        let compiles = state.executor.stats();
+        let compiles = state.executor_stats();
         counters(
             &mut out,
             "compiles",
@@ -137,7 +138,7 @@ impl Collector for Families {
             &mut out,
             "compile_duration",
             "Compile requests' time on their executor thread (cache hits included).",
-            &state.compile_time.snapshot(),
+            &state.compile_time().snapshot(),
         )?;
         gauge(
             &mut out,
@@ -155,7 +156,7 @@ impl Collector for Families {
             compiles.evictions,
         )?;
 
-        let callbacks = state.dispatcher.stats();
+        let callbacks = state.dispatch_stats();
         let outcomes: Vec<(&str, u64)> = Outcome::ALL
             .iter()
             .map(|&o| (o.as_str(), callbacks.ended(o)))
@@ -191,7 +192,7 @@ impl Collector for Families {
             callbacks.outfeeds,
         )?;
 
-        let held = state.resources.held();
+        let held = state.held();
         gauge(
             &mut out,
             "executables",
@@ -219,13 +220,13 @@ impl Collector for Families {
             "Bytes reserved on the device by transfers and runs in flight (host arguments and \
              results), counted with the buffers held against --max-device-bytes.",
             Some(&Unit::Bytes),
-            state.device_budget.in_flight() as f64,
+            state.device_in_flight() as f64,
         )?;
 
         device_memory(&mut out, &client.device_memory())?;
 
         let errors: Vec<(&str, u64)> = state
-            .errors
+            .errors()
             .counts()
             .iter()
             .map(|&(kind, n)| (ErrorKind::as_str(kind), n))
@@ -273,14 +274,14 @@ impl Collector for Families {
             "peers",
             "Nodes connected.",
             None,
-            state.node.connected_nodes().len() as f64,
+            state.node().connected_nodes().len() as f64,
         )?;
         gauge(
             &mut out,
             "processes",
             "Processes of the node (servers, callback waiters, echo processes).",
             None,
-            state.node.process_count() as f64,
+            state.node().process_count() as f64,
         )
     }
 }

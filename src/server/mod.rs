@@ -5,15 +5,15 @@
 //! call is parsed into a `Request` and applied to the server's `State`. Requests are handled
 //! in the order they arrive, but anything that calls XLA (compiling, running, transfers,
 //! freeing) is handed to executor threads and replied to from there, so the server itself never
-//! blocks (see `schedule.rs` for where work executes and why, `watchdog.rs` for the check that
-//! it holds).
+//! blocks (see `crate::schedule` for where work executes and why, `watchdog.rs` for the check
+//! that it holds).
 //!
 //! Files: `state` (what the server holds), `request` (the requests as a type, and which file
 //! answers each), one file per request family (`compile`, `run`, `buffers`, `load_kernel`,
 //! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
-//! (reading requests, error replies), `resources`
-//! (executables and buffers and their owners), `device_budget` (`--max-device-bytes`), `schedule` and `watchdog`, `kernels` (the
-//! operator's kernel settings), `plugin` (finding the PJRT plugin), `net_kernel`.
+//! (reading requests, error replies), `resources` (executables and buffers and their owners),
+//! `device_budget` (`--max-device-bytes`), `watchdog`, `kernels` (the operator's kernel
+//! settings), `plugin` (finding the PJRT plugin), `net_kernel`.
 
 mod buffers;
 mod compile;
@@ -30,7 +30,6 @@ mod plugin;
 mod request;
 mod resources;
 mod run;
-mod schedule;
 mod state;
 mod transfer;
 mod watchdog;
@@ -40,10 +39,10 @@ pub use plugin::locate_plugin;
 use crate::dispatch::Dispatcher;
 use crate::node::gen;
 use crate::node::{Node, Process, Signal};
+use crate::schedule::{CallbackActivity, Scheduler};
 use crate::xla::{Api, Client, CreateOption, Executor, IdlePolling};
 use request::Request;
-use schedule::{CallbackActivity, Scheduler};
-use state::State;
+use state::{Settings, State};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,21 +130,20 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
             executor: executor.clone(),
         },
     )?;
-    let state = State {
-        node: node.clone(),
-        server: xla.pid().clone(),
-        executor,
-        dispatcher,
-        scheduler,
-        resources: Default::default(),
-        device_budget: device_budget::DeviceBudget::new(config.max_device_bytes),
-        runs: Default::default(),
-        compile_time: Default::default(),
-        errors: Default::default(),
+    let settings = Settings {
         plugin: config.plugin,
         queue_timeout: config.queue_timeout,
         kernels: config.kernels,
+        max_device_bytes: config.max_device_bytes,
     };
+    let state = State::new(
+        node.clone(),
+        xla.pid().clone(),
+        executor,
+        dispatcher,
+        scheduler,
+        settings,
+    );
     let state = Arc::new(state);
     Ok(ServerHandle {
         tasks: vec![
@@ -184,14 +182,12 @@ async fn serve(mut process: Process, state: Arc<State>) {
                 object,
                 reason,
             } => {
-                let freed = state.resources.owner_down(&reference);
-                if !freed.is_empty() {
+                let freed = state.owner_down(&reference);
+                if freed > 0 {
                     tracing::debug!(
-                        "xla: {object} went down ({reason}); freeing {} resources",
-                        freed.len()
+                        "xla: {object} went down ({reason}); freeing {freed} resources"
                     );
                 }
-                state.release(freed);
             }
         }
     }

@@ -5,10 +5,11 @@
 //! error is the `:argument_error` the caller gets.
 
 use super::error::RequestError;
-use crate::node::term::{as_atom, as_list, as_tuple};
+use crate::node::term::{as_atom, as_i64, as_list, as_tuple};
 use crate::tensor_term::parse_tensor;
 use crate::xla::HostTensor;
 use eetf::{Reference, Term};
+use std::time::Duration;
 
 /// The elements of a request tuple after its tag, whose count [`super::request::Request::parse`]
 /// checked against the request's forms.
@@ -85,4 +86,76 @@ pub fn keywords(opts: &Term) -> Result<Vec<(String, Term)>, RequestError> {
             ))),
         })
         .collect()
+}
+
+/// Which timeouts in milliseconds an option takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Milliseconds {
+    /// At least 1 ms.
+    Positive,
+    /// 0 ms too.
+    NonNegative,
+}
+
+/// An option's timeout: a number of milliseconds, or `:infinity` (`None`).
+pub fn milliseconds_or_infinity(
+    key: &str,
+    value: &Term,
+    least: Milliseconds,
+) -> Result<Option<Duration>, RequestError> {
+    let smallest = match least {
+        Milliseconds::Positive => 1,
+        Milliseconds::NonNegative => 0,
+    };
+    match (as_i64(value), as_atom(value)) {
+        (Some(ms), _) if ms >= smallest => Ok(Some(Duration::from_millis(ms as u64))),
+        (_, Some("infinity")) => Ok(None),
+        _ => {
+            let kind = match least {
+                Milliseconds::Positive => "positive",
+                Milliseconds::NonNegative => "non-negative",
+            };
+            Err(argument(format!(
+                "{key} must be a {kind} number of milliseconds or :infinity, got {value}"
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::term::{atom, int};
+
+    #[test]
+    fn timeouts_are_milliseconds_or_infinity() {
+        let read = |value: &Term, least| milliseconds_or_infinity("t", value, least);
+        assert_eq!(
+            read(&int(250), Milliseconds::Positive).unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            read(&int(0), Milliseconds::NonNegative).unwrap(),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            read(&atom("infinity"), Milliseconds::Positive).unwrap(),
+            None
+        );
+        let zero = read(&int(0), Milliseconds::Positive)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            zero.contains("t must be a positive number of milliseconds or :infinity, got 0"),
+            "{zero}"
+        );
+        let negative = read(&int(-1), Milliseconds::NonNegative)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            negative.contains("t must be a non-negative number of milliseconds or :infinity"),
+            "{negative}"
+        );
+        assert!(read(&atom("never"), Milliseconds::NonNegative).is_err());
+    }
 }

@@ -8,27 +8,28 @@
 //! | `:info` | `info.rs` |
 //! | `{:compile, mlir}`, `{:compile, mlir, opts}` | `compile.rs` |
 //! | `{:run, exe, args}`, `{:run, exe, args, opts}` | `run.rs` |
-//! | `{:to_device, tensor}`, `{:read, buffer}`, `{:free, exe_or_buffer}` | `buffers.rs` |
-//! | `{:upload, ...}`, `{:upload_done, upload}`, `{:read, buffer, opts}`, `{:free, [refs]}` (also casts) | `transfer.rs` |
+//! | `{:to_device, tensor}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
+//! | `{:upload, {type, dims}}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
+//!
+//! `GenServer.cast` reaches [`Request::apply_cast`], which serves frees and upload chunks.
 //! | `{:load_kernel, target, path, symbol}`, `{:load_kernel, target, path, symbol, opts}` | `load_kernel.rs` |
 //!
 //! Adding a request means a variant here, its forms in [`Request::parse`], and its family's
 //! parse and apply.
 
-use super::buffers;
+use super::buffers::{FreeRequest, ReadRequest, ToDeviceRequest};
 use super::compile::CompileRequest;
 use super::echo;
 use super::error::RequestError;
 use super::info;
 use super::load_kernel::LoadKernelRequest;
-use super::parse::{self, Elements};
+use super::parse::Elements;
 use super::run::RunRequest;
 use super::state::State;
-use super::transfer;
-use crate::node::gen::From;
+use super::transfer::{UploadChunkRequest, UploadDoneRequest, UploadRequest};
+use crate::node::gen::Caller;
 use crate::node::term::{as_atom, atom, ok};
-use crate::xla::HostTensor;
-use eetf::{Reference, Term};
+use eetf::Term;
 use std::sync::Arc;
 
 /// One request to `:xla`.
@@ -47,19 +48,17 @@ pub enum Request {
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     Run(RunRequest),
     /// `{:to_device, tensor}`.
-    ToDevice(HostTensor),
+    ToDevice(ToDeviceRequest),
     /// `{:read, buffer}` / `{:read, buffer, [chunk_bytes: n]}`.
-    Read(Reference, Option<usize>),
-    /// `{:free, exe_or_buffer}`.
-    Free(Reference),
-    /// `{:free, [refs]}`: frees those the node has, ignores the rest.
-    FreeAll(Vec<Reference>),
-    /// `{:upload, {type, dims}}`: a tensor that comes in chunks.
-    Upload(Term),
+    Read(ReadRequest),
+    /// `{:free, exe_or_buffer}` / `{:free, [exe_or_buffer, ...]}`.
+    Free(FreeRequest),
+    /// `{:upload, {type, dims}}`.
+    Upload(UploadRequest),
     /// `{:upload, upload, chunk}`.
-    UploadChunk(Reference, Term),
+    UploadChunk(UploadChunkRequest),
     /// `{:upload_done, upload}`.
-    UploadDone(Reference),
+    UploadDone(UploadDoneRequest),
     /// `{:load_kernel, target, path, symbol}` / `{:load_kernel, target, path, symbol, opts}`.
     LoadKernel(LoadKernelRequest),
 }
@@ -87,28 +86,12 @@ impl Request {
             ("echo", 2) => Some(|e| Ok(Request::Echo(e.required()))),
             ("compile", 2 | 3) => Some(|e| CompileRequest::parse(e).map(Request::Compile)),
             ("run", 3 | 4) => Some(|e| RunRequest::parse(e).map(Request::Run)),
-            ("to_device", 2) => Some(|e| parse::tensor(e.required()).map(Request::ToDevice)),
-            ("read", 2 | 3) => Some(|e| {
-                let buffer = parse::reference(e.required())?;
-                let chunk_bytes = match e.optional() {
-                    Some(opts) => transfer::parse_read_options(&opts)?,
-                    None => None,
-                };
-                Ok(Request::Read(buffer, chunk_bytes))
-            }),
-            ("free", 2) => Some(|e| {
-                let target = e.required();
-                match transfer::parse_free_list(&target) {
-                    Some(refs) => refs.map(Request::FreeAll),
-                    None => buffers::parse_free(target).map(Request::Free),
-                }
-            }),
-            ("upload", 2) => Some(|e| Ok(Request::Upload(e.required()))),
-            ("upload", 3) => Some(|e| {
-                let upload = parse::reference(e.required())?;
-                Ok(Request::UploadChunk(upload, e.required()))
-            }),
-            ("upload_done", 2) => Some(|e| parse::reference(e.required()).map(Request::UploadDone)),
+            ("to_device", 2) => Some(|e| ToDeviceRequest::parse(e).map(Request::ToDevice)),
+            ("read", 2 | 3) => Some(|e| ReadRequest::parse(e).map(Request::Read)),
+            ("upload", 2) => Some(|e| UploadRequest::parse(e).map(Request::Upload)),
+            ("upload", 3) => Some(|e| UploadChunkRequest::parse(e).map(Request::UploadChunk)),
+            ("upload_done", 2) => Some(|e| UploadDoneRequest::parse(e).map(Request::UploadDone)),
+            ("free", 2) => Some(|e| FreeRequest::parse(e).map(Request::Free)),
             ("load_kernel", 4 | 5) => {
                 Some(|e| LoadKernelRequest::parse(e).map(Request::LoadKernel))
             }
@@ -120,18 +103,12 @@ impl Request {
         }
     }
 
-    /// Handles a request sent with `GenServer.cast`, which gets no answer: frees and upload
-    /// chunks only. A chunk that fails marks its upload, whose `{:upload_done, upload}` then
-    /// says what went wrong.
-    pub fn apply_cast(self, state: &Arc<State>) {
+    /// Serves a request sent with `GenServer.cast`, which gets no answer: frees and upload
+    /// chunks; any other is ignored (there is no one to tell).
+    pub fn apply_cast(self, state: &State) {
         match self {
-            Request::FreeAll(refs) => transfer::free_all(state, &refs),
-            Request::Free(reference) => transfer::free_all(state, &[reference]),
-            Request::UploadChunk(upload, chunk) => {
-                if let Err(e) = transfer::chunk(state, &upload, chunk) {
-                    tracing::debug!("xla: upload chunk cast: {e}");
-                }
-            }
+            Request::Free(free) => free.apply_cast(state),
+            Request::UploadChunk(chunk) => chunk.apply_cast(state),
             other => tracing::debug!(
                 "xla: ignoring cast {other:?}: only frees and upload chunks are casts"
             ),
@@ -140,32 +117,20 @@ impl Request {
 
     /// Answers the request: the quick ones here, on the server's task; the ones that call XLA
     /// from an executor thread, which sends the reply itself.
-    pub fn apply(self, state: &Arc<State>, from: From) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
         let reply = match self {
             Request::Ping => atom("pong"),
             Request::Echo(term) => term,
-            Request::SpawnEcho => ok(echo::spawn(&state.node)),
+            Request::SpawnEcho => ok(echo::spawn(state.node())),
             Request::Info => ok(info::info(state)),
-            Request::Free(reference) => match buffers::free(state, &reference) {
-                Ok(reply) => reply,
-                Err(e) => return state.reply_error(&from, &e),
-            },
-            Request::FreeAll(refs) => {
-                transfer::free_all(state, &refs);
-                atom("ok")
-            }
-            Request::UploadChunk(upload, chunk) => match transfer::chunk(state, &upload, chunk) {
-                Ok(()) => atom("ok"),
-                Err(e) => return state.reply_error(&from, &e),
-            },
-            Request::Upload(shape) => return transfer::begin(state, from, shape),
-            Request::UploadDone(upload) => return transfer::done(state, from, upload),
             Request::Compile(compile) => return compile.apply(state, from),
             Request::Run(run) => return run.apply(state, from),
-            Request::ToDevice(tensor) => return buffers::to_device(state, from, tensor),
-            Request::Read(buffer, chunk_bytes) => {
-                return buffers::read(state, from, buffer, chunk_bytes)
-            }
+            Request::ToDevice(to_device) => return to_device.apply(state, from),
+            Request::Read(read) => return read.apply(state, from),
+            Request::Free(free) => return free.apply(state, from),
+            Request::Upload(upload) => return upload.apply(state, from),
+            Request::UploadChunk(chunk) => return chunk.apply(state, from),
+            Request::UploadDone(done) => return done.apply(state, from),
             Request::LoadKernel(load) => return load.apply(state, from),
         };
         state.reply(&from, reply);

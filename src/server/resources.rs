@@ -7,13 +7,11 @@
 //! pull a buffer out from under XLA.
 
 use super::transfer::Upload;
-use crate::node::term::ref_key;
+use crate::dispatch::{BEAM_INFEED, BEAM_OUTFEED, RUNTIME_CALLBACK};
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-
-type Key = (String, Vec<u32>, u32);
 
 #[derive(Clone)]
 pub enum Resource {
@@ -27,7 +25,7 @@ pub enum Resource {
 pub struct Program {
     pub exe: Arc<Executable>,
     /// The module mentions a host-callback target: its runs may wait for replies, so they are
-    /// admitted among the runs that may wait (see `server::schedule`).
+    /// admitted among the runs that may wait (see `crate::schedule`).
     pub calls_back: bool,
 }
 
@@ -39,19 +37,21 @@ impl Program {
     /// Whether a module's text or bytecode names a host-callback target.
     pub fn mentions_callbacks(source: &[u8]) -> bool {
         let mentions = |needle: &[u8]| source.windows(needle.len()).any(|w| w == needle);
-        mentions(b"exla_runtime_callback") || mentions(b"exla_beam_")
+        [RUNTIME_CALLBACK, BEAM_OUTFEED, BEAM_INFEED]
+            .iter()
+            .any(|target| mentions(target.as_bytes()))
     }
 }
 
 #[derive(Default)]
 struct Tables {
-    resources: HashMap<Key, (Resource, Pid)>,
+    resources: HashMap<Reference, (Resource, Pid)>,
     /// What `resources` holds, kept as it changes so that reading it costs nothing.
     held: Held,
     /// Per owner: its monitor and what it owns.
-    owners: HashMap<Pid, (Reference, HashSet<Key>)>,
+    owners: HashMap<Pid, (Reference, HashSet<Reference>)>,
     /// Monitor reference -> owner.
-    monitors: HashMap<Key, Pid>,
+    monitors: HashMap<Reference, Pid>,
 }
 
 /// Executables and buffers held for clients, and the buffers' bytes on the device.
@@ -87,7 +87,7 @@ impl Held {
 }
 
 impl Tables {
-    fn take(&mut self, key: &Key) -> Option<(Resource, Pid)> {
+    fn take(&mut self, key: &Reference) -> Option<(Resource, Pid)> {
         let taken = self.resources.remove(key)?;
         self.held.remove(&taken.0);
         Some(taken)
@@ -114,7 +114,7 @@ impl Resources {
     /// no monitor yet: the caller must then monitor it and call [`Resources::set_monitor`].
     pub fn insert(&self, reference: &Reference, resource: Resource, owner: &Pid) -> Owner {
         let mut t = self.lock();
-        let key = ref_key(reference);
+        let key = reference.clone();
         t.held.add(&resource);
         if let Some((replaced, _)) = t.resources.insert(key.clone(), (resource, owner.clone())) {
             t.held.remove(&replaced);
@@ -135,27 +135,23 @@ impl Resources {
 
     pub fn set_monitor(&self, owner: &Pid, monitor: Reference) {
         let mut t = self.lock();
-        t.monitors.insert(ref_key(&monitor), owner.clone());
+        t.monitors.insert(monitor.clone(), owner.clone());
         if let Some(entry) = t.owners.get_mut(owner) {
             entry.0 = monitor;
         }
     }
 
     pub fn get(&self, reference: &Reference) -> Option<Resource> {
-        self.lock()
-            .resources
-            .get(&ref_key(reference))
-            .map(|(r, _)| r.clone())
+        self.lock().resources.get(reference).map(|(r, _)| r.clone())
     }
 
     /// Removes one resource from the table and returns it; `None` if the reference is unknown
-    /// (or already freed). The caller drops it where XLA may be called (see `server::schedule`).
+    /// (or already freed). The caller drops it where XLA may be called (see `crate::schedule`).
     pub fn free(&self, reference: &Reference) -> Option<Resource> {
         let mut t = self.lock();
-        let key = ref_key(reference);
-        let (resource, owner) = t.take(&key)?;
+        let (resource, owner) = t.take(reference)?;
         if let Some((_, owned)) = t.owners.get_mut(&owner) {
-            owned.remove(&key);
+            owned.remove(reference);
         }
         Some(resource)
     }
@@ -164,7 +160,7 @@ impl Resources {
     /// [`Resources::free`] says.
     pub fn owner_down(&self, monitor: &Reference) -> Vec<Resource> {
         let mut t = self.lock();
-        let Some(owner) = t.monitors.remove(&ref_key(monitor)) else {
+        let Some(owner) = t.monitors.remove(monitor) else {
             return Vec::new();
         };
         let Some((_, owned)) = t.owners.remove(&owner) else {

@@ -4,26 +4,30 @@
 //! It reads straight: the request's tensors (and the buffers it names) are checked once against
 //! the executable's parameters, here on the server's task, so that wrong arguments are answered
 //! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
-//! the [`Scheduler`](super::schedule::Scheduler) admits the run to an executor thread, which
-//! executes it and replies with the results, as tensors or as buffers left on the device. A run
-//! reserves its host arguments' and results' bytes under `--max-device-bytes` before it executes
-//! (`device_budget.rs`).
+//! the [`Scheduler`](crate::schedule::Scheduler) admits the run to an executor thread, which
+//! passes the gate through the run's [`Place`], executes it and replies with the results, as
+//! tensors or as buffers left on the device (where the run waits on the way: `crate::schedule`).
+//! A run reserves its host arguments' and results' bytes under `--max-device-bytes` before it
+//! executes (`device_budget.rs`). Every run that was parsed is answered, and counted, by
+//! [`reply`].
 //!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
 //! for as long as the run executes.
 
 use super::error::RequestError;
-use super::parse::{argument, boolean, keywords, reference, Elements};
-use super::resources::{Program, Resource};
-use super::schedule::TimedOut;
+use super::parse::{
+    argument, boolean, keywords, milliseconds_or_infinity, reference, Elements, Milliseconds,
+};
+use super::resources::Resource;
 use super::state::State;
 use crate::dispatch::RunHandle;
-use crate::node::gen::From;
-use crate::node::term::{as_atom, as_i64, list};
+use crate::node::gen::Caller;
+use crate::node::term::list;
 use crate::node::Dest;
+use crate::schedule::{Place, RunJob, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Argument, DType, Executable, HostTensor, Job, Run, XlaError};
+use crate::xla::{Argument, DType, Executable, HostTensor, Run, XlaError};
 use eetf::{Reference, Term};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +52,8 @@ enum RunArg {
 struct RunOptions {
     keep_on_device: bool,
     callback_server: Option<Dest>,
-    callback_timeout: Option<Duration>,
+    /// `Some(None)`: `:infinity`.
+    callback_timeout: Option<Option<Duration>>,
     /// `Some(None)`: `:infinity`.
     queue_timeout: Option<Option<Duration>>,
 }
@@ -66,14 +71,15 @@ impl RunRequest {
 
     /// Looks up what the request names, checks the arguments, and hands the run to the
     /// scheduler.
-    pub fn apply(self, state: &Arc<State>, from: From) {
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
         let received = Instant::now();
         let RunRequest { exe, args, options } = self;
-        let found =
-            executable(state, &exe).and_then(|program| Ok((program, arguments(state, args)?)));
+        let found = state
+            .lookup_program(&exe)
+            .and_then(|program| Ok((program, arguments(state, args)?)));
         let (program, given) = match found {
             Ok(found) => found,
-            Err(e) => return state.reply_error(&from, &e),
+            Err(e) => return reply(state, &from, Err(e)),
         };
         // Checked before the run takes a place: wrong arguments never wait in the queue.
         let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
@@ -83,45 +89,29 @@ impl RunRequest {
             Err(e) => return reply(state, &from, Err(e.into())),
         };
         let calls_back = program.calls_back;
-        let queue_timeout = options.queue_timeout.unwrap_or(state.queue_timeout);
+        let queue_timeout = options.queue_timeout;
         let timed_out: TimedOut = {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
-        let job: Job = {
+        let job: RunJob = {
             let state = state.clone();
-            Box::new(move || {
-                let started = state.runs.started(received);
+            Box::new(move |place| {
+                let started = state.runs().started(received);
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
-                let reserved =
-                    state
-                        .device_budget
-                        .reserve(&state.resources, "the run", run.device_bytes());
+                let reserved = state.reserve_device("the run", run.device_bytes());
                 let results = match reserved {
                     Ok(_reserved) => {
-                        execute(&state, &program, &run, handle, &options, &from).map_err(Into::into)
+                        execute(&state, place, &run, handle, &options, &from).map_err(Into::into)
                     }
                     Err(refused) => Err(refused),
                 };
-                state.runs.executed(started);
+                state.runs().executed(started);
                 reply(&state, &from, results);
             })
         };
-        state
-            .scheduler
-            .submit_run(calls_back, queue_timeout, job, timed_out);
-    }
-}
-
-/// The executable `reference` names.
-fn executable(state: &State, reference: &Reference) -> Result<Arc<Program>, RequestError> {
-    match state.lookup(reference)? {
-        Resource::Executable(program) => Ok(program),
-        Resource::Buffer(_) | Resource::Upload(_) => Err(argument(format!(
-            "{} is a buffer, not an executable",
-            Term::from(reference.clone())
-        ))),
+        state.submit_run(calls_back, queue_timeout, job, timed_out);
     }
 }
 
@@ -154,35 +144,23 @@ fn supplies_handle(exe: &Executable, given: usize, options: &RunOptions) -> bool
 /// results as the reply lists them.
 fn execute(
     state: &State,
-    program: &Program,
+    place: &Place,
     run: &Run,
     handle: Option<RunHandle>,
     options: &RunOptions,
-    from: &From,
+    from: &Caller,
 ) -> Result<Vec<Term>, XlaError> {
+    let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
-        state.dispatcher.open_run(
+        state.open_callbacks(
             handle,
             options.callback_server.clone(),
             from.pid.clone(),
-            options
-                .callback_timeout
-                .unwrap_or_else(|| state.dispatcher.default_timeout()),
+            options.callback_timeout,
+            passage.calling_back(),
         )
     });
-    let outputs = if program.calls_back {
-        let gated = state.scheduler.gate.run_calling_back();
-        if let Some(callbacks) = &callbacks {
-            let on_its_thread = gated.clone();
-            callbacks.on_call_on_run_thread(move || on_its_thread.called_back_on_run_thread());
-        }
-        let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
-        gated.finished();
-        outputs
-    } else {
-        let _window = state.scheduler.gate.run_without_callbacks();
-        run.execute()
-    };
+    let outputs = passage.execute(run);
     drop(callbacks);
     let outputs = outputs?;
     if options.keep_on_device {
@@ -197,10 +175,11 @@ fn execute(
         .collect()
 }
 
-/// Replies with a run's results or its error, and counts it: every run that got past its
-/// lookups ends here, once.
-fn reply(state: &State, from: &From, results: Result<Vec<Term>, RequestError>) {
-    state.runs.record(results.is_err());
+/// Replies with a run's results or its error, and counts it: every run that was parsed ends
+/// here, once (a lookup or argument error, a refusal, XLA's result), except a run whose
+/// `queue_timeout` passed, which the scheduler counts among its queue timeouts.
+fn reply(state: &State, from: &Caller, results: Result<Vec<Term>, RequestError>) {
+    state.runs().record(results.is_err());
     state.reply_result(from, results.map(list));
 }
 
@@ -242,18 +221,18 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
                 })?)
             }
             "callback_timeout" => {
-                options.callback_timeout = Some(match (as_i64(&value), as_atom(&value)) {
-                    (Some(ms), _) if ms > 0 => Duration::from_millis(ms as u64),
-                    (_, Some("infinity")) => Duration::from_secs(100 * 365 * 24 * 3600),
-                    _ => return Err(argument(format!("callback_timeout must be a positive number of milliseconds or :infinity, got {value}"))),
-                })
+                options.callback_timeout = Some(milliseconds_or_infinity(
+                    &key,
+                    &value,
+                    Milliseconds::Positive,
+                )?)
             }
             "queue_timeout" => {
-                options.queue_timeout = Some(match (as_i64(&value), as_atom(&value)) {
-                    (Some(ms), _) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
-                    (_, Some("infinity")) => None,
-                    _ => return Err(argument(format!("queue_timeout must be a non-negative number of milliseconds or :infinity, got {value}"))),
-                })
+                options.queue_timeout = Some(milliseconds_or_infinity(
+                    &key,
+                    &value,
+                    Milliseconds::NonNegative,
+                )?)
             }
             other => {
                 return Err(argument(format!(

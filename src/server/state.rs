@@ -3,68 +3,110 @@
 //! the operator's settings.
 //!
 //! One [`State`] is shared (`Arc`) by the server's task and the executor threads that answer
-//! requests; each part is immutable or synchronized on its own. Its methods are what every
-//! request family needs: replying, registering and looking up resources, releasing them.
+//! requests; each part is immutable or synchronized on its own. Its parts are private: each
+//! request family asks it, through the methods below, for what it needs (replying, resources,
+//! the device budget, compiling, scheduling a run, the figures `:info` and `/metrics` report),
+//! so that no family reaches into another's parts.
 
-use super::device_budget::DeviceBudget;
+use super::device_budget::{DeviceBudget, Reservation};
 use super::error::{ErrorTally, RequestError};
 use super::kernels::KernelPolicy;
-use super::resources::{Owner, Resource, Resources};
-use super::schedule::Scheduler;
-use crate::dispatch::Dispatcher;
+use super::resources::{Held, Owner, Program, Resource, Resources};
+use super::transfer::Upload;
+use crate::dispatch::{DispatchStats, Dispatcher, RunCallbacks, RunHandle};
 use crate::metrics::Histogram;
-use crate::node::gen::{self, From};
+use crate::node::gen::{self, Caller};
 use crate::node::term::ok;
 use crate::node::{Dest, Node};
-use crate::xla::{Buffer, Executor};
+use crate::schedule::{CallingBackRun, RunCounts, RunJob, Scheduler, TimedOut};
+use crate::xla::{Buffer, Client, Executor, ExecutorStats, HostTensor, XlaError};
 use eetf::{Pid, Reference, Term};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub struct State {
-    pub node: Node,
-    /// The `:xla` server's pid: replies come from it, owner monitors belong to it.
-    pub server: Pid,
-    pub executor: Executor,
-    pub dispatcher: Arc<Dispatcher>,
-    pub scheduler: Arc<Scheduler>,
-    pub resources: Resources,
-    /// `--max-device-bytes`, and the bytes of transfers and runs in flight.
-    pub device_budget: DeviceBudget,
-    pub runs: RunTally,
-    /// How long each compile request took on its executor thread (cache hits included).
-    pub compile_time: Histogram,
-    /// Error replies sent, by kind.
-    pub errors: ErrorTally,
+/// The operator's settings the server answers under.
+pub struct Settings {
     /// The PJRT plugin's path, for `:info`.
     pub plugin: PathBuf,
     /// How long a run may wait for a place unless it says otherwise (`None`: no limit).
     pub queue_timeout: Option<Duration>,
     /// The operator's kernel settings (`--kernel-dir`, `--kernel-version-shim`).
     pub kernels: KernelPolicy,
+    /// `--max-device-bytes` (`None`: no bound).
+    pub max_device_bytes: Option<u64>,
+}
+
+pub struct State {
+    node: Node,
+    /// The `:xla` server's pid: replies come from it, owner monitors belong to it.
+    server: Pid,
+    executor: Executor,
+    dispatcher: Arc<Dispatcher>,
+    scheduler: Arc<Scheduler>,
+    resources: Resources,
+    /// `--max-device-bytes`, and the bytes of transfers and runs in flight.
+    device_budget: DeviceBudget,
+    runs: RunTally,
+    /// How long each compile request took on its executor thread (cache hits included).
+    compile_time: Histogram,
+    /// Error replies sent, by kind.
+    errors: ErrorTally,
+    plugin: PathBuf,
+    queue_timeout: Option<Duration>,
+    kernels: KernelPolicy,
 }
 
 impl State {
+    /// The state of the server `server` on `node`, with nothing handed out yet.
+    pub fn new(
+        node: Node,
+        server: Pid,
+        executor: Executor,
+        dispatcher: Arc<Dispatcher>,
+        scheduler: Arc<Scheduler>,
+        settings: Settings,
+    ) -> State {
+        State {
+            node,
+            server,
+            executor,
+            dispatcher,
+            scheduler,
+            resources: Resources::default(),
+            device_budget: DeviceBudget::new(settings.max_device_bytes),
+            runs: RunTally::default(),
+            compile_time: Histogram::default(),
+            errors: ErrorTally::default(),
+            plugin: settings.plugin,
+            queue_timeout: settings.queue_timeout,
+            kernels: settings.kernels,
+        }
+    }
+
+    // --- replies ---
+
     /// Replies to a call, from the server's pid.
-    pub fn reply(&self, from: &From, reply: Term) {
+    pub fn reply(&self, from: &Caller, reply: Term) {
         gen::reply_from(&self.node, &self.server, from, reply);
     }
 
     /// Replies `{:error, {kind, message}}`, and counts it: every error reply goes through here.
-    pub fn reply_error(&self, from: &From, error: &RequestError) {
+    pub fn reply_error(&self, from: &Caller, error: &RequestError) {
         self.errors.record(error.kind());
         self.reply(from, error.to_reply());
     }
 
     /// Replies `{:ok, value}`, or the error.
-    pub fn reply_result(&self, from: &From, result: Result<Term, RequestError>) {
+    pub fn reply_result(&self, from: &Caller, result: Result<Term, RequestError>) {
         match result {
             Ok(value) => self.reply(from, ok(value)),
             Err(e) => self.reply_error(from, &e),
         }
     }
+
+    // --- resources ---
 
     /// Stores a new resource for `owner` and returns the reference that names it.
     pub fn register(&self, resource: Resource, owner: &Pid) -> Reference {
@@ -76,15 +118,13 @@ impl State {
         reference
     }
 
-    pub fn lookup(&self, reference: &Reference) -> Result<Resource, RequestError> {
-        self.resources.get(reference).ok_or_else(|| {
-            RequestError::Argument(format!(
-                "unknown or freed reference {}",
-                Term::from(reference.clone())
-            ))
-        })
+    fn lookup(&self, reference: &Reference) -> Result<Resource, RequestError> {
+        self.resources
+            .get(reference)
+            .ok_or_else(|| unknown_reference(reference.clone()))
     }
 
+    /// The buffer `reference` names.
     pub fn lookup_buffer(&self, reference: &Reference) -> Result<Arc<Buffer>, RequestError> {
         match self.lookup(reference)? {
             Resource::Buffer(b) => Ok(b),
@@ -99,20 +139,219 @@ impl State {
         }
     }
 
+    /// The executable `reference` names.
+    pub fn lookup_program(&self, reference: &Reference) -> Result<Arc<Program>, RequestError> {
+        match self.lookup(reference)? {
+            Resource::Executable(program) => Ok(program),
+            Resource::Buffer(_) | Resource::Upload(_) => Err(RequestError::Argument(format!(
+                "{} is a buffer, not an executable",
+                Term::from(reference.clone())
+            ))),
+        }
+    }
+
+    /// The upload `reference` names (`transfer.rs`).
+    pub fn lookup_upload(&self, reference: &Reference) -> Result<Arc<Upload>, RequestError> {
+        match self.lookup(reference)? {
+            Resource::Upload(upload) => Ok(upload),
+            _ => Err(RequestError::Argument(format!(
+                "{} is not an upload",
+                Term::from(reference.clone())
+            ))),
+        }
+    }
+
+    /// Takes the upload `reference` names out of the table, to be made a buffer.
+    pub fn take_upload(&self, reference: &Reference) -> Result<Arc<Upload>, RequestError> {
+        let upload = self.lookup_upload(reference)?;
+        self.resources.free(reference);
+        Ok(upload)
+    }
+
+    /// Frees what `reference` names: out of the table now, dropped on an executor thread.
+    pub fn free(&self, reference: &Reference) -> Result<(), RequestError> {
+        let resource = self
+            .resources
+            .free(reference)
+            .ok_or_else(|| unknown_reference(reference.clone()))?;
+        self.release(vec![resource]);
+        Ok(())
+    }
+
+    /// Frees what each of `references` names; those that name nothing are skipped (a cast
+    /// cannot answer, and a scope's buffers may be freed already).
+    pub fn free_all(&self, references: &[Reference]) {
+        let freed = references
+            .iter()
+            .filter_map(|r| self.resources.free(r))
+            .collect();
+        self.release(freed);
+    }
+
+    /// The owner behind `monitor` went down: frees all it owned. Returns how many resources.
+    pub fn owner_down(&self, monitor: &Reference) -> usize {
+        let freed = self.resources.owner_down(monitor);
+        let count = freed.len();
+        self.release(freed);
+        count
+    }
+
+    /// Drops resources taken out of the table on an executor thread: destroying a buffer or an
+    /// executable is a PJRT call, which the server's task never makes.
+    fn release(&self, resources: Vec<Resource>) {
+        if !resources.is_empty() {
+            self.scheduler.spawn(Box::new(move || drop(resources)));
+        }
+    }
+
+    // --- work on executor threads ---
+
     /// Runs `job` on an executor thread at once: work that calls XLA but is not a run (see
-    /// `schedule.rs`).
+    /// `crate::schedule`).
     pub fn spawn(self: &Arc<Self>, job: impl FnOnce(&State) + Send + 'static) {
         let state = self.clone();
         self.scheduler.spawn(Box::new(move || job(&state)));
     }
 
-    /// Drops resources taken out of the table on an executor thread: destroying a buffer or an
-    /// executable is a PJRT call, which the server's task never makes.
-    pub fn release(&self, resources: Vec<Resource>) {
-        if !resources.is_empty() {
-            self.scheduler.spawn(Box::new(move || drop(resources)));
+    /// Reserves `bytes` of device memory for `what` under `--max-device-bytes`, counting the
+    /// buffers held, or says why not.
+    pub fn reserve_device(&self, what: &str, bytes: u64) -> Result<Reservation<'_>, RequestError> {
+        self.device_budget.reserve(&self.resources, what, bytes)
+    }
+
+    /// Copies `tensor` to the device as a buffer `owner` holds (on an executor thread).
+    pub fn upload(&self, tensor: &HostTensor, owner: &Pid) -> Result<Reference, RequestError> {
+        let _reserved = self.reserve_device("the to_device", tensor.data.len() as u64)?;
+        let buffer =
+            self.executor
+                .client()
+                .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)?;
+        Ok(self.register(Resource::Buffer(Arc::new(buffer)), owner))
+    }
+
+    /// Compiles `module` (or takes it from the cache) as an executable `owner` holds, timing it
+    /// (on an executor thread).
+    pub fn compile(&self, module: Vec<u8>, owner: &Pid) -> Result<Reference, XlaError> {
+        let calls_back = Program::mentions_callbacks(&module);
+        let started = Instant::now();
+        let compiled = self.executor.compile(module).map(|(exe, _cache_hit)| {
+            let program = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
+            self.register(program, owner)
+        });
+        self.compile_time.record(started.elapsed());
+        compiled
+    }
+
+    /// The client, for work that calls XLA directly (loading kernels).
+    pub fn client(&self) -> &Client {
+        self.executor.client()
+    }
+
+    /// The operator's kernel settings.
+    pub fn kernel_policy(&self) -> &KernelPolicy {
+        &self.kernels
+    }
+
+    // --- runs ---
+
+    /// Hands a run to the scheduler; `queue_timeout`: the run's own (`None`: the node's
+    /// default; `Some(None)`: no limit).
+    pub fn submit_run(
+        &self,
+        calls_back: bool,
+        queue_timeout: Option<Option<Duration>>,
+        job: RunJob,
+        timed_out: TimedOut,
+    ) {
+        let queue_timeout = queue_timeout.unwrap_or(self.queue_timeout);
+        self.scheduler
+            .submit_run(calls_back, queue_timeout, job, timed_out);
+    }
+
+    /// Opens a run's callback context (see [`Dispatcher::open_run`]); `timeout`: the run's own
+    /// bound on each callback wait (`None`: the node's default; `Some(None)`: no bound).
+    pub fn open_callbacks(
+        &self,
+        handle: RunHandle,
+        target: Option<Dest>,
+        requester: Pid,
+        timeout: Option<Option<Duration>>,
+        calling_back: Option<Arc<CallingBackRun>>,
+    ) -> RunCallbacks {
+        let timeout = timeout.unwrap_or_else(|| Some(self.dispatcher.default_timeout()));
+        self.dispatcher
+            .open_run(handle, target, requester, timeout, calling_back)
+    }
+
+    /// The runs' counts and timings.
+    pub fn runs(&self) -> &RunTally {
+        &self.runs
+    }
+
+    /// Sends `message` to `to` from the server's pid (messages that are not replies, such as a
+    /// read's chunks).
+    pub fn send(&self, to: &Pid, message: Term) {
+        self.node.send(&self.server, Dest::Pid(to.clone()), message);
+    }
+
+    // --- what `:info` and `/metrics` report ---
+
+    /// Whether programs may make host callbacks, and why not when they may not.
+    pub fn host_callbacks(&self) -> Result<(), &str> {
+        match self.dispatcher.unavailable_reason() {
+            Some(reason) => Err(reason),
+            None => Ok(()),
         }
     }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    pub fn plugin(&self) -> &Path {
+        &self.plugin
+    }
+
+    pub fn executor_stats(&self) -> ExecutorStats {
+        self.executor.stats()
+    }
+
+    pub fn dispatch_stats(&self) -> DispatchStats {
+        self.dispatcher.stats()
+    }
+
+    /// Executables and buffers held for clients.
+    pub fn held(&self) -> Held {
+        self.resources.held()
+    }
+
+    /// Runs executing and queued (the scheduler's counts).
+    pub fn run_counts(&self) -> RunCounts {
+        self.scheduler.counts()
+    }
+
+    pub fn compile_time(&self) -> &Histogram {
+        &self.compile_time
+    }
+
+    pub fn errors(&self) -> &ErrorTally {
+        &self.errors
+    }
+
+    /// `--max-device-bytes`.
+    pub fn device_limit(&self) -> Option<u64> {
+        self.device_budget.limit()
+    }
+
+    /// Bytes reserved by transfers and runs in flight.
+    pub fn device_in_flight(&self) -> u64 {
+        self.device_budget.in_flight()
+    }
+}
+
+/// The error for a reference that names nothing (never did, or was freed).
+pub fn unknown_reference(reference: impl Into<Term>) -> RequestError {
+    RequestError::Argument(format!("unknown or freed reference {}", reference.into()))
 }
 
 /// Runs answered, by outcome, and how long they waited and took: `:info`'s `runs`,

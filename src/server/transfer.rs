@@ -1,6 +1,6 @@
 //! Tensors larger than one message: a transfer to the device in chunks (`{:upload, ...}`), a
 //! read in chunks (`{:read, buffer, [chunk_bytes: n]}`), and frees of many buffers at once that
-//! need no answer (`GenServer.cast(xla, {:free, refs})`).
+//! need no answer (`GenServer.cast(xla, {:free, refs})`, served by `buffers.rs`).
 //!
 //! A node drops a connection whose peer sends one message over `--max-message-bytes`, and with it
 //! every buffer that peer's processes hold: clients move larger tensors in chunks, each its own
@@ -10,12 +10,11 @@
 //! an executor thread at the end.
 
 use super::error::RequestError;
-use super::parse::{argument, keywords, reference};
+use super::parse::{argument, keywords, reference, Elements};
 use super::resources::Resource;
 use super::state::State;
-use crate::node::gen::From;
-use crate::node::term::{as_list, atom, int, tuple};
-use crate::node::Dest;
+use crate::node::gen::Caller;
+use crate::node::term::{atom, int, ok, tuple};
 use crate::tensor_term::{data_bits, data_term, parse_shape, shape_term};
 use crate::xla::{HostTensor, TensorSpec};
 use eetf::{Reference, Term};
@@ -91,69 +90,113 @@ impl Upload {
     }
 }
 
-/// `{:upload, {type, dims}}`: replies `{:ok, upload}`, to which chunks are then sent.
-pub fn begin(state: &Arc<State>, from: From, shape: Term) {
-    let begun = parse_shape(&shape)
-        .map_err(RequestError::Argument)
-        .and_then(|(dtype, dims)| {
-            let spec = TensorSpec::new(dtype, dims);
-            let total = spec.bit_size().div_ceil(8);
-            // Refused now rather than after the bytes came: a tensor that cannot fit at all.
-            // The reservation itself is taken again when the tensor is placed.
-            drop(
-                state
-                    .device_budget
-                    .reserve(&state.resources, "the upload", total as u64)?,
-            );
-            let upload = Upload {
-                spec,
-                total,
-                parts: Mutex::default(),
-            };
-            Ok(Term::from(
-                state.register(Resource::Upload(Arc::new(upload)), &from.pid),
-            ))
-        });
-    state.reply_result(&from, begun);
+/// `{:upload, {type, dims}}`, parsed: a tensor that will come in chunks.
+#[derive(Debug)]
+pub struct UploadRequest {
+    spec: TensorSpec,
 }
 
-/// `{:upload, upload, chunk}`, as a cast or a call: the next bytes of the tensor.
-pub fn chunk(state: &State, upload: &Reference, chunk: Term) -> Result<(), RequestError> {
-    let upload = lookup_upload(state, upload)?;
-    let (bytes, bits) = data_bits(chunk)
-        .map_err(|other| argument(format!("a chunk must be a binary, got {other}")))?;
-    if bits % 8 != 0 {
-        // Only the whole tensor's last bits may be partial; a sub-byte tensor whose size is
-        // not a whole number of bytes is sent with one to_device.
-        return Err(argument("a chunk must be a whole number of bytes"));
+impl UploadRequest {
+    pub fn parse(elements: &mut Elements) -> Result<UploadRequest, RequestError> {
+        let (dtype, dims) = parse_shape(&elements.required()).map_err(RequestError::Argument)?;
+        Ok(UploadRequest {
+            spec: TensorSpec::new(dtype, dims),
+        })
     }
-    upload.add(bytes).map_err(RequestError::Argument)
+
+    /// Replies `{:ok, upload}`, to which chunks are then sent; refused now rather than after
+    /// the bytes came when the tensor cannot fit under `--max-device-bytes` at all.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let total = self.spec.bit_size().div_ceil(8);
+        // The reservation itself is taken again when the tensor is placed.
+        let begun = state
+            .reserve_device("the upload", total as u64)
+            .map(|fits| {
+                drop(fits);
+                let upload = Upload {
+                    spec: self.spec,
+                    total,
+                    parts: Mutex::default(),
+                };
+                Term::from(state.register(Resource::Upload(Arc::new(upload)), &from.pid))
+            });
+        state.reply_result(&from, begun);
+    }
 }
 
-/// `{:upload_done, upload}`: replies `{:ok, buffer}`, the tensor on the device; the upload is
-/// gone either way.
-pub fn done(state: &Arc<State>, from: From, upload_ref: Reference) {
-    let upload = match lookup_upload(state, &upload_ref) {
-        Ok(upload) => upload,
-        Err(e) => return state.reply_error(&from, &e),
-    };
-    state.resources.free(&upload_ref);
-    state.spawn(move |state| {
-        let uploaded = upload
-            .assemble()
-            .map_err(RequestError::Argument)
-            .and_then(|tensor| super::buffers::place(state, &from, tensor));
-        state.reply_result(&from, uploaded);
-    });
+/// `{:upload, upload, chunk}`, parsed: the next bytes of the tensor, as a cast or a call.
+#[derive(Debug)]
+pub struct UploadChunkRequest {
+    upload: Reference,
+    chunk: Term,
 }
 
-fn lookup_upload(state: &State, reference: &Reference) -> Result<Arc<Upload>, RequestError> {
-    match state.lookup(reference)? {
-        Resource::Upload(upload) => Ok(upload),
-        _ => Err(argument(format!(
-            "{} is not an upload",
-            Term::from(reference.clone())
-        ))),
+impl UploadChunkRequest {
+    pub fn parse(elements: &mut Elements) -> Result<UploadChunkRequest, RequestError> {
+        let upload = reference(elements.required())?;
+        Ok(UploadChunkRequest {
+            upload,
+            chunk: elements.required(),
+        })
+    }
+
+    /// Keeps the chunk (its bytes as decoded, not copied); the error, if any.
+    fn add(self, state: &State) -> Result<(), RequestError> {
+        let upload = state.lookup_upload(&self.upload)?;
+        let (bytes, bits) = data_bits(self.chunk)
+            .map_err(|other| argument(format!("a chunk must be a binary, got {other}")))?;
+        if bits % 8 != 0 {
+            // A 2- or 4-bit tensor whose bits are not whole bytes goes with its last byte's
+            // unused bits zero.
+            return Err(argument("a chunk must be a whole number of bytes"));
+        }
+        upload.add(bytes).map_err(RequestError::Argument)
+    }
+
+    /// As a call: replies `:ok` or the error.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        match self.add(state) {
+            Ok(()) => state.reply(&from, atom("ok")),
+            Err(e) => state.reply_error(&from, &e),
+        }
+    }
+
+    /// As a cast: a chunk that fails marks nothing the caller sees now; the upload's
+    /// `{:upload_done, upload}` says what went wrong (an unknown upload has no one to tell).
+    pub fn apply_cast(self, state: &State) {
+        if let Err(e) = self.add(state) {
+            tracing::debug!("xla: upload chunk cast: {e}");
+        }
+    }
+}
+
+/// `{:upload_done, upload}`, parsed.
+#[derive(Debug)]
+pub struct UploadDoneRequest {
+    upload: Reference,
+}
+
+impl UploadDoneRequest {
+    pub fn parse(elements: &mut Elements) -> Result<UploadDoneRequest, RequestError> {
+        Ok(UploadDoneRequest {
+            upload: reference(elements.required())?,
+        })
+    }
+
+    /// Replies `{:ok, buffer}`, the tensor on the device; the upload is gone either way.
+    pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let upload = match state.take_upload(&self.upload) {
+            Ok(upload) => upload,
+            Err(e) => return state.reply_error(&from, &e),
+        };
+        state.spawn(move |state| {
+            let uploaded = upload
+                .assemble()
+                .map_err(RequestError::Argument)
+                .and_then(|tensor| state.upload(&tensor, &from.pid))
+                .map(Term::from);
+            state.reply_result(&from, uploaded);
+        });
     }
 }
 
@@ -182,13 +225,13 @@ pub fn parse_read_options(opts: &Term) -> Result<Option<usize>, RequestError> {
 /// A read whose data takes more than `chunk_bytes`: replies `{:ok, {:chunks, {type, dims},
 /// count, stream}}`, then sends the caller `count` messages `{:xla_chunk, stream, index, data}`
 /// in order (the last one's data a bitstring when the tensor's bits are not whole bytes).
-pub fn send_chunked(state: &State, from: &From, tensor: HostTensor, chunk_bytes: usize) {
+pub fn send_chunked(state: &State, from: &Caller, tensor: HostTensor, chunk_bytes: usize) {
     let bits = tensor.spec().bit_size();
-    let stream = state.node.make_ref();
+    let stream = state.node().make_ref();
     let count = tensor.data.len().div_ceil(chunk_bytes).max(1);
     state.reply(
         from,
-        crate::node::term::ok(tuple(vec![
+        ok(tuple(vec![
             atom("chunks"),
             shape_term(tensor.dtype, &tensor.dims),
             int(count as i64),
@@ -208,24 +251,6 @@ pub fn send_chunked(state: &State, from: &From, tensor: HostTensor, chunk_bytes:
             int(index as i64),
             data_term(chunk.to_vec(), chunk_bits),
         ]);
-        state
-            .node
-            .send(&state.server, Dest::Pid(from.pid.clone()), message);
+        state.send(&from.pid, message);
     }
-}
-
-/// The references of `{:free, refs}` (a list): those unknown or freed already are skipped.
-pub fn parse_free_list(term: &Term) -> Option<Result<Vec<Reference>, RequestError>> {
-    let items = as_list(term)?;
-    Some(items.iter().map(|item| reference(item.clone())).collect())
-}
-
-/// Frees every resource of `refs` the node still has; unknown ones are ignored, as a cast
-/// cannot answer and a scope's buffers may be freed already.
-pub fn free_all(state: &State, refs: &[Reference]) {
-    let freed: Vec<Resource> = refs
-        .iter()
-        .filter_map(|r| state.resources.free(r))
-        .collect();
-    state.release(freed);
 }

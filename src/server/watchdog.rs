@@ -1,12 +1,12 @@
-//! A watchdog for the rule `schedule.rs` states: the network side never waits on XLA.
+//! A watchdog for the rule `crate::schedule` states: the network side never waits on XLA.
 //!
 //! A task on the node's runtime notes the time every 100 ms; a thread of its own, outside the
 //! runtime, checks the note. If the runtime has not run that task for more than a second, the
 //! node's network side (connections, ticks, `:ping`, callback replies) is not being scheduled,
 //! and the thread logs an error saying where the runs are, so that a stall is never silent.
 
-use super::schedule::Scheduler;
 use crate::dispatch::Dispatcher;
+use crate::schedule::Scheduler;
 use crate::xla::Executor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -6,8 +6,8 @@
 //! abort the process) and wait until XLA no longer needs the host slice.
 //! Device→host copies wait for the buffer's ready event (execution errors,
 //! including host custom-call errors, surface there) and then, on the CPU
-//! platform, read the dense row-major device memory directly (≈0.3 µs instead
-//! of ≈11 µs for `PJRT_Buffer_ToHostBuffer`); other platforms, or unexpected
+//! platform, read the dense row-major device memory directly (much cheaper
+//! than `PJRT_Buffer_ToHostBuffer`, see docs/performance.md); other platforms, or unexpected
 //! layouts, use `PJRT_Buffer_ToHostBuffer`. The same direct access lets an
 //! executable refill its small CPU input buffers from run to run
 //! ([`Buffer::overwrite`]) instead of creating new ones.

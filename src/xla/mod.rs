@@ -3,10 +3,12 @@
 //! This is the only part of the crate that contains `unsafe` code: the raw C
 //! bindings (`sys`), the frame that catches the C++ exceptions XLA throws
 //! (`catch`, around `catch.cc`) and the thin safe wrappers around them (`client`,
-//! `buffer`, `executable`, `ffi`, `kernel`). The rest is safe code on top:
+//! `buffer`, `executable`, `ffi`, `kernel`, `cuda`: the CUDA driver calls of a callback inside
+//! a GPU program). The rest is safe code on top:
 //! `run` (the one way to execute a program: its arguments checked first),
-//! `executor` (compile cache, worker pool), `tensor`, `dtype`, `packing` (how
-//! 2- and 4-bit elements are laid out), `signature`, `proto` (the protobuf reader it uses),
+//! `executor` (a compile cache, `compile_cache`, and a worker pool, `pool`), `tensor`,
+//! `dtype`, `packing` (how 2- and 4-bit elements are laid out), `signature`, `proto` (the
+//! protobuf reader it uses),
 //! `known_faults` (programs refused because XLA's CPU backend mishandles them).
 //! The compiler enforces it: the crate denies `unsafe_code` and only the files
 //! with unsafe code allow it.
@@ -14,6 +16,7 @@
 mod buffer;
 mod catch;
 mod client;
+mod compile_cache;
 mod cuda;
 mod dtype;
 mod error;
@@ -24,6 +27,7 @@ mod kernel;
 mod known_faults;
 mod options;
 pub mod packing;
+mod pool;
 mod proto;
 mod run;
 mod signature;
