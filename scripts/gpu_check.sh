@@ -49,16 +49,18 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-logs="target/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)"
-mkdir -p "$logs"
-logs=$(realpath "$logs")
 log() { printf 'gpu_check: %s\n' "$*" >&2; }
+# The summary line of a check that could not begin.
+not_run() {
+    printf 'gpu_check: 0 passed, 1 failed, 0 skipped: not run: %s\n' "$*"
+    exit 1
+}
 
 # 1. Set-up, and what the rest runs on.
 bench_plugin=""
 case "$plugin" in
     cuda)
-        scripts/setup.sh --gpu || exit 1
+        scripts/setup.sh --gpu || not_run "scripts/setup.sh --gpu failed (above)"
         plugin_path="$xla_node_cuda_plugin"
         bench_plugin="$plugin_path"
         case "${XLA_FLAGS:-}" in
@@ -68,13 +70,13 @@ case "$plugin" in
         default_node_args="--preallocate false"
         ;;
     cpu)
-        scripts/setup.sh || exit 1
+        scripts/setup.sh || not_run "scripts/setup.sh failed (above)"
         plugin_path="${XDG_DATA_HOME:-$HOME/.local/share}/xla_node/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
         bench_plugin=cpu
         default_node_args=""
         ;;
     *)
-        [ -f "$plugin" ] || { log "no plugin at $plugin ($usage)"; exit 2; }
+        [ -f "$plugin" ] || not_run "no plugin at $plugin"
         plugin_path=$(realpath "$plugin")
         bench_plugin="$plugin_path"
         default_node_args="--preallocate false"
@@ -82,8 +84,11 @@ case "$plugin" in
 esac
 node_args="${XLA_NODE_GPU_CHECK_NODE_ARGS-$default_node_args}"
 bin=$(realpath "${XLA_NODE_BIN:-target/release/xla_node}" 2>/dev/null) && [ -x "$bin" ] ||
-    { log "no node binary (build it with cargo build --release, or set XLA_NODE_BIN)"; exit 1; }
+    not_run "no node binary (build it with cargo build --release, or set XLA_NODE_BIN)"
 epmd -daemon
+logs="target/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$logs"
+logs=$(realpath "$logs")
 
 passed=0
 failed=0

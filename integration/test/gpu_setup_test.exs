@@ -1,7 +1,8 @@
 defmodule XlaNode.GpuSetupTest do
   @moduledoc """
-  `scripts/setup.sh --gpu` and `scripts/start.sh --gpu` on a machine without an NVIDIA driver:
-  one clear message, a non-zero exit, and nothing downloaded, installed, built or started.
+  `scripts/setup.sh --gpu`, `scripts/start.sh --gpu` and `scripts/gpu_check.sh` on a machine
+  without an NVIDIA driver: one clear message, a non-zero exit, and nothing downloaded,
+  installed, built or started.
 
   The scripts run for real, with a fresh data directory (`XDG_DATA_HOME`) and, first on PATH,
   stand-ins for every program setup would otherwise use to fetch or build something (python3,
@@ -14,9 +15,9 @@ defmodule XlaNode.GpuSetupTest do
 
   driver_present =
     File.exists?("/proc/driver/nvidia/version") or
-      (case System.cmd("sh", ["-c", "ldconfig -p || /sbin/ldconfig -p"], stderr_to_stdout: true) do
-         {cache, _} -> cache =~ "libcuda.so.1 "
-       end)
+      case System.cmd("sh", ["-c", "ldconfig -p || /sbin/ldconfig -p"], stderr_to_stdout: true) do
+        {cache, _} -> cache =~ "libcuda.so.1 "
+      end
 
   if driver_present do
     @moduletag skip: "this machine has an NVIDIA driver: --gpu would install the CUDA libraries"
@@ -69,6 +70,16 @@ defmodule XlaNode.GpuSetupTest do
     assert nothing_run(ctx)
     assert File.ls!(ctx.data) == []
     refute XlaNode.Harness.epmd_registered?(sname)
+  end
+
+  test "gpu_check.sh stops the same way, and its summary line says it did not run", ctx do
+    summary =
+      "gpu_check: 0 passed, 1 failed, 0 skipped: not run: scripts/setup.sh --gpu failed (above)\n"
+
+    assert {out, 1} = script("gpu_check.sh", [], ctx.env)
+    assert out == @message <> summary
+    assert nothing_run(ctx)
+    assert File.ls!(ctx.data) == []
   end
 
   test "setup.sh refuses an argument it does not know, naming it", ctx do
