@@ -16,6 +16,17 @@
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
+#   bench/run.sh gpu        # only: on an NVIDIA GPU, against JAX on the same GPU in the same run: a
+#                           # tiny run with host tensors, an eager op on device tensors (needs Nx),
+#                           # MLP training steps (width 1024 batch 256, width 4096 batch 4096),
+#                           # an 8192^3 bf16 matmul, 128 MiB and 1 GiB to the device and back, one
+#                           # runtime_call inside a program against pure_callback. Says it was
+#                           # skipped on a machine without an NVIDIA driver. The node runs on the
+#                           # CUDA plugin scripts/setup.sh --gpu installs, else on JAX's own;
+#                           # XLA_NODE_BENCH_GPU_PLUGIN=PATH names another, and =cpu runs it all on
+#                           # the CPU plugin and JAX on CPU (to try it out without a GPU);
+#                           # XLA_NODE_BENCH_GPU_SMALL=1 takes small sizes; JAX is the python3's
+#                           # own (jax[cuda13]), on CPU the one scripts/kernels.sh installs.
 # XLA_NODE_BIN names another node binary to measure (default: target/release/xla_node).
 # Needs scripts/setup.sh to have run (release build, plugin, Erlang/Elixir); the callbacks, kernels
 # and nx parts run scripts/kernels.sh (JAX, the test kernel library). The nx part runs only where
@@ -31,7 +42,8 @@ cookie="bench_$$"
 name="xla_bench_$$"
 part="${1:-all}"
 kernel_args=()
-if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = callbacks ] || [ "$part" = nx ]; then
+if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = callbacks ] || [ "$part" = nx ] ||
+    { [ "$part" = gpu ] && [ "${XLA_NODE_BENCH_GPU_PLUGIN:-}" = cpu ]; }; then
     scripts/kernels.sh
     export XLA_NODE_BENCH_JAX="${XDG_DATA_HOME:-$HOME/.local/share}/xla_node/jax"
 fi
@@ -41,17 +53,21 @@ if [ "$part" = all ] || [ "$part" = kernels ] || [ "$part" = callbacks ]; then
 fi
 pids=()
 tls_dir=""
+gpu_dir=""
 cleanup() {
     kill "${pids[@]}" 2>/dev/null || true
     [ -z "$tls_dir" ] || rm -rf "$tls_dir"
+    [ -z "$gpu_dir" ] || rm -rf "$gpu_dir"
 }
 trap cleanup EXIT
 wait_registered() {
     for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $1 " && break; sleep 0.1; done
 }
-"$bin" --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
-pids+=($!)
-wait_registered "$name"
+if [ "$part" != gpu ]; then
+    "$bin" --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
+    pids+=($!)
+    wait_registered "$name"
+fi
 if [ "$part" = all ] || [ "$part" = metrics ]; then
     # The same build with the metrics endpoint on, and optionally another build, side by side.
     export XLA_NODE_BENCH_METRICS_NODE="xla_bench_metrics_$$"
@@ -72,7 +88,7 @@ if [ "$part" = all ] || [ "$part" = metrics ]; then
         wait_registered "$XLA_NODE_BENCH_BASELINE_NODE"
     fi
 fi
-if [ "$part" != nx ] && [ "$part" != pool ]; then
+if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != gpu ]; then
     # The tls part compares with the same figures over plain TCP, taken in the same run.
     plain_part="$part"
     [ "$part" = tls ] && plain_part=node
@@ -116,5 +132,59 @@ if [ "$part" = all ] || [ "$part" = nx ]; then
     else
         (cd elixir_nx && elixir --sname "bench_nx_$$" --cookie "$cookie" -S mix run ../bench/nx_mlp.exs "$name" </dev/null)
         (cd elixir_nx && elixir --sname "bench_nx_eager_$$" --cookie "$cookie" -S mix run ../bench/nx_eager.exs "$name" </dev/null)
+    fi
+fi
+if [ "$part" = all ] || [ "$part" = gpu ]; then
+    source scripts/gpu_env.sh
+    gpu_plugin="${XLA_NODE_BENCH_GPU_PLUGIN:-}"
+    if [ "$gpu_plugin" = cpu ]; then
+        jax_platform=cpu
+        gpu_plugin=""
+        export PYTHONPATH="$XLA_NODE_BENCH_JAX${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        jax_platform=cuda
+    fi
+    if [ "$jax_platform" = cuda ] && ! xla_node_nvidia_driver_present; then
+        printf '\n## gpu: skipped: no NVIDIA driver on this machine (XLA_NODE_BENCH_GPU_PLUGIN=cpu runs it on the CPU plugin)\n'
+    else
+        if [ "$jax_platform" = cuda ] && [ -z "$gpu_plugin" ]; then
+            if [ -f "$xla_node_cuda_plugin" ]; then
+                gpu_plugin="$xla_node_cuda_plugin"
+            else
+                # The plugin of the JAX this benchmark compares with, where setup --gpu has not run.
+                gpu_plugin=$(python3 -c 'import os, jax_plugins.xla_cuda13 as p; print(os.path.join(os.path.dirname(p.__file__), "xla_cuda_plugin.so"))') || {
+                    echo "bench: gpu: no CUDA PJRT plugin: run scripts/setup.sh --gpu, or set XLA_NODE_BENCH_GPU_PLUGIN" >&2
+                    exit 1
+                }
+            fi
+            if [ "$gpu_plugin" = "$xla_node_cuda_plugin" ] && [ -d "$xla_node_cuda_data_dir" ]; then
+                case "${XLA_FLAGS:-}" in
+                    *--xla_gpu_cuda_data_dir=*) ;;
+                    *) export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_cuda_data_dir=$xla_node_cuda_data_dir" ;;
+                esac
+            fi
+        fi
+        gpu_dir=$(mktemp -d)
+        small=()
+        [ -z "${XLA_NODE_BENCH_GPU_SMALL:-}" ] || small=(--small)
+        # JAX first, alone on the device; then the node, alone on it too.
+        python3 bench/gpu_jax.py --out "$gpu_dir" --platform "$jax_platform" "${small[@]}" >/dev/null
+        gpu_name="${name}_gpu"
+        plugin_args=()
+        [ -z "$gpu_plugin" ] || plugin_args=(--pjrt-plugin "$gpu_plugin")
+        # 1 GiB goes through the connection each way. XLA_NODE_BENCH_GPU_NODE_ARGS: more node
+        # arguments (e.g. "--preallocate false").
+        read -r -a gpu_node_args <<<"${XLA_NODE_BENCH_GPU_NODE_ARGS:-}"
+        "$bin" --sname "$gpu_name" --cookie "$cookie" --max-message-bytes 2G "${plugin_args[@]}" \
+            "${gpu_node_args[@]}" 2>/tmp/xla_bench_gpu_node.log &
+        pids+=($!)
+        wait_registered "$gpu_name"
+        elixir --sname "bench_gpu_$$" --cookie "$cookie" bench/gpu.exs "$gpu_name" "$gpu_dir"
+        if [ -z "${NX_PATH:-}" ]; then
+            printf '  eager op on device tensors: skipped: Nx is not present (set NX_PATH, as for the nx part)\n'
+        else
+            (cd elixir_nx && elixir --sname "bench_gpu_eager_$$" --cookie "$cookie" -S mix run ../bench/gpu_eager.exs \
+                "$gpu_name" "$gpu_dir" </dev/null)
+        fi
     fi
 fi

@@ -99,6 +99,8 @@ defmodule XlaNode.ComputeTest do
     assert to_f32(p) == [3.0, 8.0]
   end
 
+  # To 1e-5: an f32 dot_general at default precision runs in TF32 on an NVIDIA GPU (~1e-3).
+  @tag :cpu_only
   test "an MLP layer (dot_general, tanh, reduce) matches values computed here", %{node: node} do
     exe =
       compile!(node, """
@@ -142,7 +144,8 @@ defmodule XlaNode.ComputeTest do
   end
 
   test ":info names the platform and whether its programs can call host callbacks", %{node: node} do
-    assert {:ok, %{platform: "cpu", host_callbacks: true, devices: [_ | _]}} = call(node, :info)
+    platform = Harness.platform()
+    assert {:ok, %{platform: ^platform, host_callbacks: true, devices: [_ | _]}} = call(node, :info)
   end
 
   test "invalid MLIR is a compile error and the node keeps serving", %{node: node} do
@@ -255,6 +258,9 @@ defmodule XlaNode.ComputeTest do
   @external_resource @long_loop_path
   @long_loop File.read!(@long_loop_path)
 
+  # The CPU client runs programs side by side on threads; a GPU runs them in turn on the
+  # device's stream, so there the tiny runs wait for the long one by design.
+  @tag :cpu_only
   @tag timeout: 120_000
   test "a 2-second run does not delay 100 tiny runs from other callers", %{node: node} do
     long = compile!(node, @long_loop)

@@ -8,6 +8,10 @@ defmodule XlaNode.KernelsTest do
   """
   use ExUnit.Case, async: true
 
+  # The kernels are host (CPU) handlers, registered for XLA's Host platform and called with
+  # host memory; the JAX counterpart runs on CPU too.
+  @moduletag :cpu_only
+
   alias XlaNode.{Harness, Tensor}
   alias XlaNode.MLIR, as: M
 
@@ -58,7 +62,7 @@ defmodule XlaNode.KernelsTest do
 
     System.cmd(
       "timeout",
-      ["30", Harness.bin_path(), "--sname", name, "--cookie", "#{Harness.cookie()}", "--pjrt-plugin", Harness.plugin_path() | args],
+      ["30", Harness.bin_path(), "--sname", name, "--cookie", "#{Harness.cookie()}"] ++ Harness.node_args() ++ args,
       stderr_to_stdout: true,
       env: [{"XLA_NODE_LOG", "warn"}]
     )

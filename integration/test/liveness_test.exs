@@ -171,6 +171,9 @@ defmodule XlaNode.LivenessTest do
     assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
   end
 
+  # The node's run limits (24 of 28) are set below the 32 computations XLA's CPU client holds
+  # per device.
+  @tag :cpu_only
   test "beyond 24 runs that call back, the rest queue in the node; a run that cannot start within its queue_timeout fails", %{node: node, exes: exes, peers: [_, b]} do
     slow = {:liveness_slow, b.node}
     x = Load.f32(1.0, 4)
@@ -199,6 +202,8 @@ defmodule XlaNode.LivenessTest do
     assert text =~ "queue_timeout must be a non-negative number of milliseconds or :infinity"
   end
 
+  # Counts its runs against the same CPU-client limits.
+  @tag :cpu_only
   test "SIGTERM ends the node while its runs wait on callbacks that never answer", %{node: node, exes: exes, peers: [_, b]} do
     silent = Harness.peer_call(b, :erlang, :spawn, [Process, :sleep, [:infinity]])
     x = Load.f32(1.0, 4)

@@ -37,9 +37,7 @@ defmodule XlaNode.LoggingTest do
     script = System.find_executable("script") || flunk("`script` (util-linux) is not installed")
     sname = Harness.unique_name()
 
-    node_args =
-      ["--sname", sname, "--cookie", to_string(Harness.cookie())] ++
-        if(plugin = Harness.plugin_path(), do: ["--pjrt-plugin", plugin], else: [])
+    node_args = ["--sname", sname, "--cookie", to_string(Harness.cookie())] ++ Harness.node_args()
 
     command = "exec " <> Enum.map_join([Harness.bin_path() | node_args], " ", &shell_quote/1)
 

@@ -230,7 +230,7 @@ defmodule XlaNode.MetricsTest do
 
     assert value(before, "xla_node_build_info", %{
              "version" => "0.1.0",
-             "platform" => "cpu",
+             "platform" => Harness.platform(),
              "platform_version" => info(node).platform_version,
              "pjrt_api_version" => info(node).pjrt_api_version
            }) == 1

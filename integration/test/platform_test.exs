@@ -14,6 +14,9 @@ defmodule XlaNode.PlatformTest do
 
   alias XlaNode.{Harness, Tensor}
 
+  # The other platform wraps the CPU plugin, and the options are the CPU plugin's.
+  @moduletag :cpu_only
+
   @root Path.expand("../..", __DIR__)
   @renamed Path.join(@root, "target/kernels/libxn_renamed_platform_plugin.so")
 

@@ -105,6 +105,8 @@ defmodule XlaNode.ReadmeRequestsTest do
     end
   end
 
+  # It loads a native kernel, a host (CPU) handler, and names the platform "cpu".
+  @tag :cpu_only
   test ":info answers every key the README lists, with values that make sense", %{
     node: node,
     kernel_dir: dir
@@ -330,6 +332,8 @@ defmodule XlaNode.ReadmeRequestsTest do
     assert m =~ "unknown or freed reference"
   end
 
+  # Native kernels are host (CPU) handlers.
+  @tag :cpu_only
   test "{:load_kernel, target, path, symbol}: loads, again :ok, and programs call it", %{
     node: node,
     kernel_dir: dir
@@ -348,6 +352,8 @@ defmodule XlaNode.ReadmeRequestsTest do
              Enum.find(kernels(node), &(&1.target == "readme_increment"))
   end
 
+  # Native kernels are host (CPU) handlers.
+  @tag :cpu_only
   test "{:load_kernel, target, path, symbol, [version_shim: bool]}", %{node: node} do
     # An FFI 0.3 build loads with the shim, and is refused without it.
     assert {:error, {:kernel_error, m}} =

@@ -160,7 +160,9 @@ defmodule XlaNode.TlsTest do
     defp start_fails(args) do
       name = Harness.unique_name("xla_tls_bad")
 
-      System.cmd(Harness.bin_path(), ["--sname", name, "--cookie", "x"] ++ args,
+      System.cmd(
+        Harness.bin_path(),
+        ["--sname", name, "--cookie", "x"] ++ Harness.node_args() ++ args,
         stderr_to_stdout: true
       )
     end

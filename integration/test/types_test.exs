@@ -216,6 +216,7 @@ defmodule XlaNode.TypesTest do
 
   # XLA's CPU compiler throws a C++ exception building the copy it makes of this transpose (a
   # result among several); the node catches it at the plugin boundary.
+  @tag :cpu_only
   test "a transpose of 4-bit integers XLA's compiler throws on is a compile error, as MLIR text " <>
          "and as JAX's bytecode, the node serving on",
        %{node: node} do

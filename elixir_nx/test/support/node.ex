@@ -25,21 +25,35 @@ defmodule XlaNode.NxTest.Node do
         :binary,
         :exit_status,
         env: [{~c"XLA_NODE_LOG", ~c"warn"}],
-        args: [
-          "-c",
-          ~s("$0" "$@" & pid=$!; read _; kill $pid),
-          bin,
-          "--sname",
-          sname,
-          "--cookie",
-          "#{@cookie}",
-          "--kernel-dir",
-          kernel_dir()
-        ]
+        args:
+          [
+            "-c",
+            ~s("$0" "$@" & pid=$!; read _; kill $pid),
+            bin,
+            "--sname",
+            sname,
+            "--cookie",
+            "#{@cookie}",
+            "--kernel-dir",
+            kernel_dir()
+          ] ++ plugin_args()
       ])
 
     wait_ready(name, 100)
     %{name: name, port: port}
+  end
+
+  # The plugin and further arguments scripts/gpu_check.sh runs the suite with (as the
+  # integration suite's harness reads them): `$XLA_NODE_PJRT_PLUGIN` as `--pjrt-plugin`, then
+  # `$XLA_NODE_EXTRA_ARGS` split as a shell would.
+  defp plugin_args do
+    plugin =
+      case System.get_env("XLA_NODE_PJRT_PLUGIN") do
+        nil -> []
+        path -> ["--pjrt-plugin", path]
+      end
+
+    plugin ++ OptionParser.split(System.get_env("XLA_NODE_EXTRA_ARGS", ""))
   end
 
   @doc """

@@ -66,6 +66,53 @@ defmodule XlaNode.Harness do
     end
   end
 
+  @doc """
+  Extra node arguments from `$XLA_NODE_EXTRA_ARGS` (split as a shell would, quotes honoured),
+  given to every node the tests start, after the harness's own: how the suite runs on another
+  platform's terms (`scripts/gpu_check.sh` passes, e.g., `--preallocate false` on a GPU).
+  """
+  def extra_args do
+    case System.get_env("XLA_NODE_EXTRA_ARGS") do
+      nil -> []
+      args -> OptionParser.split(args)
+    end
+  end
+
+  @doc """
+  The arguments every node of the suite gets besides its name and cookie: `--pjrt-plugin` with
+  `plugin_path/0` (when there is one), then `extra_args/0`. For tests that start the binary
+  themselves rather than through `start_node/1`.
+  """
+  def node_args do
+    if(plugin = plugin_path(), do: ["--pjrt-plugin", plugin], else: []) ++ extra_args()
+  end
+
+  @doc """
+  The platform the suite runs on (`"cpu"`, `"cuda"`, ...), as test_helper found it with
+  `probe_platform/0`.
+  """
+  def platform, do: Application.fetch_env!(:xla_node_integration, :platform)
+
+  @doc """
+  Finds the platform the suite runs on: `"cpu"` unless `$XLA_NODE_PJRT_PLUGIN` or
+  `$XLA_NODE_EXTRA_ARGS` is set, else what a node started on those terms reports in `:info`.
+  test_helper excludes the tests tagged `:cpu_only` when it is not `"cpu"`.
+  """
+  def probe_platform do
+    if System.get_env("XLA_NODE_PJRT_PLUGIN") || System.get_env("XLA_NODE_EXTRA_ARGS") do
+      node = start_node(cleanup: false)
+
+      try do
+        {:ok, %{platform: platform}} = xla_call(node, :info)
+        platform
+      after
+        stop_node(node, "KILL")
+      end
+    else
+      "cpu"
+    end
+  end
+
   defp project_dir, do: Path.expand("../..", __DIR__)
 
   @doc "Where `scripts/kernels.sh` installs JAX (for PYTHONPATH)."
@@ -151,7 +198,7 @@ defmodule XlaNode.Harness do
     * `:net_ticktime` - seconds
     * `:listen_port` - fixed distribution port (`--inet-dist-listen-min/max`)
     * `:pjrt_plugin` - plugin path (default `plugin_path/0`; `false` passes none)
-    * `:args` - extra command-line arguments
+    * `:args` - extra command-line arguments, after `extra_args/0` (which every node gets)
     * `:env` - extra environment, `[{"VAR", "value" | false}]` (`false` unsets)
     * `:stderr_file` - write the node's stderr (its log) to this file, as a shell's `2>file`
       does, instead of collecting it (`log/1` then holds only its stdout)
@@ -209,6 +256,7 @@ defmodule XlaNode.Harness do
           else: []
         ) ++
         if(plugin, do: ["--pjrt-plugin", plugin], else: []) ++
+        extra_args() ++
         Keyword.get(opts, :args, [])
 
     env =
