@@ -107,6 +107,26 @@ if parts in ["all", "node"] do
     "BEAM:     #{Float.round(mbps.(s.beam), 1)} MiB/s",
     "ratio xla_node/BEAM throughput: #{Float.round(mbps.(s.xla) / mbps.(s.beam), 3)}  (target >= 1.2)"
   ])
+
+  # 1 GiB to the node and back as XlaNode.to_device/3 and read/3 move it (in chunks below the
+  # node's message limit, XlaNode.Transfer), against a BEAM node echoing the same bytes.
+  Code.require_file("../elixir_client/lib/xla_node/transfer.ex", __DIR__)
+  gib = :binary.copy(:crypto.strong_rand_bytes(16 * 1024 * 1024), 64)
+  tensor = {gib, {{:u, 8}, [byte_size(gib)]}}
+
+  round_trip = fn ->
+    {:ok, buffer} = XlaNode.Transfer.call({:xla, xla}, {:to_device, tensor}, 600_000)
+    {:ok, {^gib, _}} = XlaNode.Transfer.call({:xla, xla}, {:read, buffer}, 600_000)
+    :ok = GenServer.call({:xla, xla}, {:free, buffer})
+  end
+
+  s = Bench.interleave([xla: round_trip, beam: fn -> ^gib = GenServer.call({:baseline, base}, {:echo, gib}, 600_000) end], 3, 1)
+  gibps = fn samples -> 1024 / (Bench.median(samples) / 1_000_000) end
+  Bench.report("1 GiB to the node and back (XlaNode.to_device + read, in chunks) against a BEAM echo of it (3 each, interleaved#{over}; MiB each way per second)", [
+    "xla_node: #{Float.round(gibps.(s.xla), 1)} MiB/s",
+    "BEAM:     #{Float.round(gibps.(s.beam), 1)} MiB/s",
+    "ratio xla_node/BEAM throughput: #{Float.round(gibps.(s.xla) / gibps.(s.beam), 3)}  (target >= 1.0)"
+  ])
 end
 
 if parts in ["all", "xla"] do

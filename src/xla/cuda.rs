@@ -304,3 +304,26 @@ impl Staged {
         debug_assert!(popped.is_null() || popped == self.context);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without the NVIDIA driver (as on machines with no GPU), the first callback inside a GPU
+    /// program fails with a message naming the driver library, and nothing else happens.
+    #[test]
+    fn a_machine_without_the_driver_gets_a_clear_error() {
+        // SAFETY: loading the driver library (when there is one) has no other effect.
+        if unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
+            return; // a machine with the driver: nothing to check here
+        }
+        let error = driver().err().expect("no driver");
+        assert!(
+            error.starts_with("cannot load the CUDA driver (libcuda.so.1)"),
+            "{error}"
+        );
+        // SAFETY: with no driver, `stage` fails before touching the stream or the regions.
+        let staged = unsafe { stage(std::ptr::null_mut(), &[], &[]) };
+        assert_eq!(staged.err(), Some(error));
+    }
+}
