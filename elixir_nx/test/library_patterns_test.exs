@@ -37,7 +37,7 @@ defmodule XlaNode.LibraryPatternsTest do
 
   # Calls one jitted function with the first arguments, then the second, on the node and under
   # the Evaluator, and compares every result.
-  defp assert_both_as_evaluator(fun, first, second, opts \\ []) do
+  defp assert_both_as_evaluator(fun, first, second, opts) do
     ours = Nx.Defn.jit(fun, [compiler: XlaNode.Compiler, node: xla()] ++ opts)
     theirs = Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator)
 
