@@ -239,9 +239,18 @@ defmodule XlaNode.BackendTest do
         Nx.tensor([1], backend: XlaNode.Backend)
       end
 
-      assert_raise ArgumentError, ~r/unknown keys \[:nod\]/, fn ->
+      # An option it does not know is ignored (as EXLA.Backend does), so a misspelt node is
+      # a missing one.
+      assert_raise ArgumentError, ~r/needs the compute node/, fn ->
         Nx.tensor([1], backend: {XlaNode.Backend, nod: xla()})
       end
+
+      assert_raise ArgumentError, ~r/must be a node name/, fn ->
+        Nx.tensor([1], backend: {XlaNode.Backend, node: "xla@host"})
+      end
+
+      t = Nx.tensor([1], backend: {XlaNode.Backend, node: xla(), client: :host})
+      assert Nx.to_flat_list(Nx.add(t, 1)) == [2]
     end
   end
 

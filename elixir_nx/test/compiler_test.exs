@@ -582,32 +582,39 @@ defmodule XlaNode.CompilerTest do
     assert serving |> Nx.Serving.run(batch) |> Nx.to_list() == [[2.0, 4.0], [6.0, 8.0]]
   end
 
-  test "an unknown option raises, naming the valid ones; so does a bad value" do
+  test "options it does not know are taken and ignored, as EXLA does; its own are checked" do
     f = &Nx.multiply(&1, 2)
     x = Nx.tensor([1.0, 2.0])
 
-    error =
-      assert_raise ArgumentError, fn ->
-        Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), keep_on_devise: true).(x)
-      end
-
-    assert error.message =~ "unknown option :keep_on_devise"
-
-    for valid <- XlaNode.Compiler.Options.valid(),
-        do: assert(error.message =~ inspect(valid), "#{inspect(valid)} is not listed")
-
-    template = [Nx.template({2}, :f32)]
-
-    assert_raise ArgumentError, ~r/unknown option :time_out/, fn ->
-      Nx.Defn.compile(f, template, compiler: XlaNode.Compiler, node: xla(), time_out: 5)
+    # What libraries forward through Nx.Defn.jit/2 (Axon.build's :mode, ...), and a misspelling.
+    for opts <- [
+          [mode: :train],
+          [global_layer_options: [dropout: 0.5]],
+          [print_values: true],
+          [keep_on_devise: true],
+          [mode: :inference, debug: false, time_out: 5]
+        ] do
+      jitted = Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ opts)
+      assert Nx.to_flat_list(jitted.(x)) == [2.0, 4.0], inspect(opts)
     end
 
-    assert_raise ArgumentError, ~r/unknown option :nod/, fn ->
+    template = [Nx.template({2}, :f32)]
+    compiled = Nx.Defn.compile(f, template, compiler: XlaNode.Compiler, node: xla(), mode: :train)
+    assert Nx.to_flat_list(compiled.(x)) == [2.0, 4.0]
+
+    assert Nx.Defn.to_backend(compiler: XlaNode.Compiler, node: xla(), mode: :train) ==
+             {Nx.BinaryBackend, []}
+
+    assert [_] = XlaNode.Compiler.__partitions_options__(node: xla(), mode: :train)
+
+    # The node is still required, whatever else is given.
+    assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.Defn.to_backend(compiler: XlaNode.Compiler, nod: xla())
     end
 
-    assert_raise ArgumentError, ~r/unknown option :callback/, fn ->
-      XlaNode.Compiler.__partitions_options__(compiler: XlaNode.Compiler, callback: :split)
+    # Options must still be a keyword list.
+    assert_raise ArgumentError, ~r/must be a keyword list/, fn ->
+      XlaNode.Compiler.Options.validate!([{:node, xla()}, :mode])
     end
 
     for {option, bad} <- [
@@ -617,17 +624,46 @@ defmodule XlaNode.CompilerTest do
           queue_timeout: -1,
           hooks: [print: &IO.inspect/1],
           keep_on_device: :yes,
-          timeout: :never
+          timeout: :never,
+          debug: :yes
         ] do
       assert_raise ArgumentError, ~r/#{inspect(option)}( option)? must be/, fn ->
-        Nx.Defn.jit(f, [compiler: XlaNode.Compiler, node: xla()] ++ [{option, bad}]).(x)
+        Nx.Defn.jit(
+          f,
+          [compiler: XlaNode.Compiler, node: xla(), mode: :train, debug: false] ++ [{option, bad}]
+        ).(x)
       end
     end
 
-    # The backend's options are checked too.
-    assert_raise ArgumentError, ~r/\bnod\b/, fn ->
+    # The backend's too: it ignores what it does not know, and needs its node.
+    assert_raise ArgumentError, ~r/needs the compute node/, fn ->
       Nx.backend_transfer(x, {XlaNode.Backend, nod: xla()})
     end
+
+    moved = Nx.backend_transfer(x, {XlaNode.Backend, node: xla(), client: :host})
+    assert %XlaNode.Backend{} = moved.data
+    assert Nx.to_flat_list(moved) == [1.0, 2.0]
+  end
+
+  test "debug: true logs the lowered module and how long lowering and compiling took" do
+    f = &Nx.add(&1, 40)
+    x = Nx.tensor([1.0, 2.0])
+    jitted = Nx.Defn.jit(f, compiler: XlaNode.Compiler, node: xla(), debug: true)
+
+    log =
+      ExUnit.CaptureLog.capture_log([level: :debug], fn ->
+        assert Nx.to_flat_list(jitted.(x)) == [41.0, 42.0]
+      end)
+
+    assert log =~ ~r/lowered in [\d.]+ms, compiled on .* in [\d.]+ms/
+    assert log =~ "func.func"
+
+    log =
+      ExUnit.CaptureLog.capture_log([level: :debug], fn ->
+        assert Nx.to_flat_list(jitted.(x)) == [41.0, 42.0]
+      end)
+
+    assert log =~ "cached"
   end
 
   test "every valid option, and those Nx passes through to the compiler, are taken" do
@@ -645,6 +681,7 @@ defmodule XlaNode.CompilerTest do
           [keep_on_device: false],
           [timeout: 60_000],
           [timeout: :infinity],
+          [debug: false],
           # Nx.Defn.jit/2's own, which Nx keeps to itself.
           [on_conflict: :raise]
         ] do

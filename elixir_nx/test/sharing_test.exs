@@ -4,7 +4,7 @@ defmodule XlaNode.SharingTest do
 
   import Nx.Defn
 
-  alias XlaNode.Compiler.Cache
+  alias XlaNode.Compiler.{Cache, Program}
 
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
 
@@ -46,7 +46,7 @@ defmodule XlaNode.SharingTest do
 
   # The entry the cache holds for `fun` on `args`.
   defp cache_entry(fun, args) do
-    key = {XlaNode.Compiler.cache_key(fun), XlaNode.Compiler.templates(args), xla()}
+    key = {Program.function_key(fun), Program.arguments_key(args), xla()}
     Cache.get(key) || flunk("no cache entry for #{inspect(fun)}")
   end
 
@@ -135,7 +135,7 @@ defmodule XlaNode.SharingTest do
 
     # The node stages: before, between and after the two runtime_calls.
     split_key =
-      {:split, XlaNode.Compiler.cache_key(&called_back/1), XlaNode.Compiler.templates([@x])}
+      {:split, Program.function_key(&called_back/1), Program.arguments_key([@x])}
 
     stages = :ets.match_object(Cache, {{{split_key, :_}, :_, xla()}, :_})
     assert length(stages) == 3

@@ -19,6 +19,8 @@ defmodule XlaNode.Backend do
       are then placed on a node the pool chooses, and each operation runs on the node holding
       its tensors (a tensor on another node of the pool is sent along, as between two nodes)
 
+  Other options are ignored, as `EXLA.Backend` ignores those it does not know.
+
   ## Operations
 
   Each operation runs as a program on the node: `XlaNode.Compiler` compiles the one `Nx.Defn.Expr`
@@ -116,9 +118,15 @@ defmodule XlaNode.Backend do
   end
 
   # `backend: {XlaNode.Backend, opts}` on a creation function reaches the callback without
-  # `init/1`: the node is checked where it is used.
+  # `init/1`: the node is checked where it is used. Other options are ignored, as EXLA.Backend
+  # ignores those it does not know.
   defp node!(opts) do
-    case Keyword.validate!(opts, [:node])[:node] do
+    unless Keyword.keyword?(opts) do
+      raise ArgumentError,
+            "XlaNode.Backend: options must be a keyword list, got: #{inspect(opts)}"
+    end
+
+    case opts[:node] do
       node when is_atom(node) and node != nil ->
         node
 

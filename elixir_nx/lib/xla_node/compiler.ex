@@ -6,8 +6,11 @@ defmodule XlaNode.Compiler do
 
   The expression is lowered to StableHLO in Elixir (see `XlaNode.Compiler.Lower`), compiled on
   the node and run there; the caller's node needs no NIF, no XLA and no C compiler. Compiled
-  programs are kept per (function, argument templates, node) by `XlaNode.Compiler.Cache`: a
-  second call with the same shapes lowers and compiles nothing, new shapes compile anew.
+  programs are kept per (function, arguments' structure, node) by `XlaNode.Compiler.Cache` (see
+  `XlaNode.Compiler.Program` for the key): a second call with arguments of the same structure
+  lowers and compiles nothing; new shapes, types, container kinds or keys, or `keep:` fields
+  compile anew. Only the arguments the expression uses are read and sent, as under
+  `Nx.Defn.Evaluator`: templates and lazy containers' unused members are never read.
   `Nx.runtime_call/4` callbacks and hooks (`print_value`, `hook/3`) run on the caller's node, in
   a callback server started for each call, while the program runs on the compute node.
 
@@ -50,26 +53,28 @@ defmodule XlaNode.Compiler do
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
     * `:timeout` - how long to wait for the run's result, in milliseconds or `:infinity`
       (default `:infinity`)
+    * `:debug` - log (`Logger.debug/1`) each program's lowered module with how long lowering
+      and the node's compile took, and each cache hit, as `EXLA`'s `:debug` logs its compiles
+      (default `false`)
 
-  Any other option raises `ArgumentError`, naming the valid ones, except those Nx itself passes
-  through to a compiler (see `XlaNode.Compiler.Options`).
+  A value of the wrong kind for one of these raises `ArgumentError` naming the option. Options
+  the compiler does not know are ignored, as `Nx.Defn.Evaluator` and `EXLA` ignore them:
+  libraries forward their own through `Nx.Defn.jit/2` (see `XlaNode.Compiler.Options`).
 
   ## Telemetry
 
   Its compiles and runs are the client's `XlaNode.compile/3` and `XlaNode.run/4`, whose
   `[:xla_node, :compile | :run, :start | :stop | :exception]` spans (see `XlaNode.Telemetry`)
   carry `compiler: XlaNode.Compiler` and `key`, the function's key as `Nx.Defn` gives it (for a
-  stage of `callbacks: :split`, `{{:split, key, argument_templates}, stage_index}`). A compile happens once per function,
-  argument templates and node, in the process that `XlaNode.Compiler.Cache` starts to compile and hold that program; its span covers the
+  stage of `callbacks: :split`, `{{:split, key, arguments_key}, stage_index}`). A compile happens once per function,
+  arguments' structure and node, in the process that `XlaNode.Compiler.Cache` starts to compile and hold that program; its span covers the
   node's compile, not the lowering to StableHLO before it. Callbacks and hooks are
   `[:xla_node, :callback, ...]` spans, in the process that runs each.
   """
 
   @behaviour Nx.Defn.Compiler
 
-  alias Nx.Defn.{Composite, Expr}
-  alias XlaNode.Backend.Transfer
-  alias XlaNode.Compiler.{Cache, Lower, Options}
+  alias XlaNode.Compiler.{Cache, Options, Program}
 
   # One partition per node of a pool, so that a serving's batches run on the nodes side by side.
   @impl true
@@ -85,9 +90,11 @@ defmodule XlaNode.Compiler do
   @impl true
   def __to_backend__(opts) do
     opts = Options.validate!(opts)
+    # Checked either way: a compiler without its node could run nothing.
+    node = node!(opts)
 
     if keep_on_device?(opts),
-      do: {XlaNode.Backend, node: node!(opts)},
+      do: {XlaNode.Backend, node: node},
       else: {Nx.BinaryBackend, []}
   end
 
@@ -111,14 +118,15 @@ defmodule XlaNode.Compiler do
     opts = Options.validate!(opts)
     node = node!(opts)
     info = Cache.node_info(node)
+    opts = Keyword.put(opts, :keep_on_device, keep_on_device?(opts))
 
     case Keyword.get_lazy(opts, :callbacks, fn -> default_callbacks(info) end) do
       :inside ->
-        program({cache_key(key), templates(vars), node}, vars, fun, opts, info)
+        program_key = {Program.function_key(key), Program.arguments_key(vars), node}
+        Program.runner(program_key, vars, fun, opts, info)
 
       :split ->
-        opts = Keyword.put(opts, :keep_on_device, keep_on_device?(opts))
-        XlaNode.Compiler.Split.compile(cache_key(key), vars, fun, opts, info)
+        XlaNode.Compiler.Split.compile(Program.function_key(key), vars, fun, opts, info)
     end
   end
 
@@ -126,100 +134,6 @@ defmodule XlaNode.Compiler do
   # handlers (CPU); elsewhere the program is cut at them.
   defp default_callbacks(%{host_callbacks: true}), do: :inside
   defp default_callbacks(_info), do: :split
-
-  @doc false
-  # The program for `fun` on `opts[:node]`, from the cache under `cache_key` (whose last
-  # element is the node) or lowered and compiled now, as the function Nx calls with the
-  # arguments. The expression `fun` returns stays in this process: what the cache keeps, and the
-  # returned function captures (Nx.Serving runs it in other processes), are templates, the
-  # executable and the callbacks' functions.
-  def program({_, _, node} = program_key, vars, fun, opts, info) do
-    cache_key = stored_key(program_key)
-
-    %{exe: exe, callbacks: callbacks, outputs: outputs} =
-      Cache.get(cache_key) || compile!(cache_key, node, info, vars, fun)
-
-    hooks = Keyword.get(opts, :hooks, %{})
-
-    run_opts =
-      opts
-      |> Keyword.take([:callback_timeout, :queue_timeout])
-      |> Keyword.put(:keep_on_device, keep_on_device?(opts))
-      |> Keyword.put(:telemetry_metadata, telemetry_metadata(cache_key))
-
-    timeout = Keyword.get(opts, :timeout, :infinity)
-
-    fn [params] ->
-      args = params |> Enum.map(& &1.()) |> Transfer.args(node)
-      results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
-      [from_client(results, outputs, node)]
-    end
-  end
-
-  @doc false
-  # What a program's cache key holds of its arguments: one {type, shape, names, vectorized
-  # axes} per tensor.
-  def templates(vars) do
-    vars
-    |> Composite.flatten_list()
-    |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
-  end
-
-  @doc false
-  # The function Nx traced, as the cache's key. A closure is compared with the values it
-  # captured, which go into ETS with the key, except for defn expressions (the stages of
-  # `Nx.Defn.Graph.run/3` capture theirs): an expression graph shares its nodes, which neither
-  # hashing nor copying a term preserves, so each goes as its id, which names it.
-  def cache_key(fun) when is_function(fun) do
-    case Function.info(fun, :env) do
-      {:env, []} ->
-        fun
-
-      {:env, env} ->
-        info = Function.info(fun)
-        {:closure, info[:module], info[:new_uniq], info[:new_index], Enum.map(env, &key_term/1)}
-    end
-  end
-
-  defp key_term(%Nx.Tensor{data: %Expr{id: id}}), do: {Expr, id}
-  defp key_term(%Nx.Tensor{} = tensor), do: tensor
-  defp key_term(fun) when is_function(fun), do: cache_key(fun)
-  defp key_term(list) when is_list(list), do: key_list(list)
-
-  defp key_term(tuple) when is_tuple(tuple),
-    do: tuple |> Tuple.to_list() |> key_list() |> List.to_tuple()
-
-  defp key_term(map) when is_map(map), do: :maps.map(fn _key, value -> key_term(value) end, map)
-  defp key_term(other), do: other
-
-  # Improper lists too.
-  defp key_list([head | tail]), do: [key_term(head) | key_list(tail)]
-  defp key_list([]), do: []
-  defp key_list(tail), do: key_term(tail)
-
-  defp compile!(cache_key, node, info, vars, fun) do
-    {outputs, output_templates} = outputs(vars, fun)
-    target = %{node: node, platform: info.platform}
-
-    %{text: text, callbacks: callbacks} =
-      Lower.module(Composite.flatten_list(vars), Composite.flatten_list([outputs]), target)
-
-    if callbacks != %{} and not info.host_callbacks do
-      raise ArgumentError,
-            "XlaNode.Compiler: #{node}'s platform (#{info.platform}) cannot run host callbacks " <>
-              "inside a program. callbacks: :split (the default there) runs them between " <>
-              "programs, but cannot cut inside a while or cond: move the runtime_call or hook " <>
-              "out of it"
-    end
-
-    Cache.compile!(cache_key, node, text, %{callbacks: callbacks, outputs: output_templates},
-      telemetry_metadata: telemetry_metadata(cache_key)
-    )
-  end
-
-  # What the client's :telemetry events of this compiler's compiles and runs carry besides their
-  # own: the compiler, and the function's key (a split stage's is {{:split, key, templates}, stage index}).
-  defp telemetry_metadata({key, _templates, _node}), do: %{compiler: __MODULE__, key: key}
 
   defp node!(opts) do
     case Keyword.fetch(opts, :node) do
@@ -234,65 +148,5 @@ defmodule XlaNode.Compiler do
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""
     end
-  end
-
-  @doc false
-  # The key `program/5` stores a program under in XlaNode.Compiler.Cache, for `{key, templates,
-  # node}`. A pool's programs live as long as its process: a pool restarted under the same name
-  # has none.
-  def stored_key({key, templates, node}) do
-    if XlaNode.Pool.pool?(node),
-      do: {key, templates, {XlaNode.Pool, GenServer.whereis(node)}},
-      else: {key, templates, node}
-  end
-
-  # The traced expression, devectorized for lowering, and the templates of the result: its
-  # structure with each tensor's template, then each devectorized output's template.
-  defp outputs(vars, fun) do
-    output = fun.(vars)
-
-    {devectorized, templates} =
-      Composite.traverse(output, [], fn t, acc ->
-        t = Nx.devectorize(t)
-        {t, [Nx.to_template(t) | acc]}
-      end)
-
-    {devectorized, {Composite.traverse(output, &Nx.to_template/1), Enum.reverse(templates)}}
-  end
-
-  defp run(node, exe, args, callbacks, hooks, run_opts, timeout) do
-    if callbacks == %{} do
-      Transfer.run!(node, exe, args, Keyword.put(run_opts, :timeout, timeout))
-    else
-      {:ok, server} =
-        XlaNode.CallbackServer.start_link(XlaNode.Compiler.Callbacks.handlers(callbacks, hooks))
-
-      try do
-        Transfer.run!(node, exe, args, run_opts ++ [callback_server: server, timeout: timeout])
-      after
-        Process.unlink(server)
-        Process.exit(server, :shutdown)
-      end
-    end
-  end
-
-  # Results come as tensors, or as buffers with keep_on_device: true.
-  defp from_client(results, {structure, templates}, node) do
-    tensors =
-      Enum.zip_with(results, templates, fn
-        {data, _}, template ->
-          Transfer.host_tensor(template, data)
-
-        buffer, template when is_reference(buffer) ->
-          Transfer.wrap(template, node, buffer)
-      end)
-
-    {result, []} =
-      Composite.traverse(structure, tensors, fn %Nx.Tensor{} = out, [t | rest] ->
-        t = if out.vectorized_axes == [], do: t, else: Nx.vectorize(t, out.vectorized_axes)
-        {t, rest}
-      end)
-
-    result
   end
 end

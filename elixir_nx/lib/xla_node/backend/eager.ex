@@ -18,7 +18,8 @@ defmodule XlaNode.Backend.Eager do
 
   The first run of an operation goes through `Nx.Defn.jit_apply/3` with this module as the
   compiler, which traces the expression as Nx does for any compiler and hands it to
-  `XlaNode.Compiler.program/5` under the operation's key; later runs find the program there.
+  `XlaNode.Compiler.Program.runner/5` under the operation's key; later runs find the program
+  there. As in any program, only the arguments the expression uses are sent.
   """
 
   @behaviour Nx.Defn.Compiler
@@ -26,7 +27,7 @@ defmodule XlaNode.Backend.Eager do
   alias Nx.Defn.Composite
   alias XlaNode.Backend
   alias XlaNode.Backend.Transfer
-  alias XlaNode.Compiler.Cache
+  alias XlaNode.Compiler.{Cache, Program}
 
   @doc """
   Runs `Nx.Defn.Expr.<name>(out, args...)` on the node; `out` is the callback's output tensor
@@ -42,13 +43,12 @@ defmodule XlaNode.Backend.Eager do
     node = node_of(tensors) || node || raise_no_node(name)
     # Names label the result only: programs are shared across them.
     inputs = Enum.map(tensors, &unnamed/1)
-    key = {{Backend, name, static, shapes(out)}, XlaNode.Compiler.templates(inputs), node}
-    cache_key = XlaNode.Compiler.stored_key(key)
+    key = {{Backend, name, static, shapes(out)}, Program.arguments_key(inputs), node}
 
     results =
-      case Cache.get(cache_key) do
-        %{exe: exe, callbacks: callbacks} when callbacks == %{} ->
-          args = Transfer.args(inputs, node)
+      case Cache.get(Program.stored_key(key)) do
+        %{exe: exe, callbacks: callbacks, used: used} when callbacks == %{} ->
+          args = inputs |> Program.take_used(used) |> Transfer.args(node)
 
           node
           |> Transfer.run!(exe, args, keep_on_device: true)
@@ -80,8 +80,8 @@ defmodule XlaNode.Backend.Eager do
   def __compile__(_key, vars, fun, opts) do
     node = Keyword.fetch!(opts, :node)
     program_opts = [node: node, callbacks: :inside, keep_on_device: true]
-    info = XlaNode.Compiler.Cache.node_info(node)
-    XlaNode.Compiler.program(Keyword.fetch!(opts, :cache_key), vars, fun, program_opts, info)
+    info = Cache.node_info(node)
+    Program.runner(Keyword.fetch!(opts, :cache_key), vars, fun, program_opts, info)
   end
 
   @impl true
@@ -146,9 +146,7 @@ defmodule XlaNode.Backend.Eager do
   defp unnamed(%Nx.Tensor{shape: shape} = t),
     do: %{t | names: List.duplicate(nil, tuple_size(shape))}
 
-  defp shapes(%Nx.Tensor{type: type, shape: shape, vectorized_axes: axes}),
-    do: {type, shape, axes}
-
-  defp shapes(container),
-    do: [container] |> Composite.flatten_list() |> Enum.map(&shapes/1)
+  # The output's structure with each tensor's type, shape and vectorized axes.
+  defp shapes(out),
+    do: Composite.traverse(out, fn t -> {t.type, t.shape, t.vectorized_axes} end)
 end

@@ -1,7 +1,8 @@
 defmodule XlaNode.Compiler.Cache do
   @moduledoc """
-  Compiled programs, per (function, argument templates, node), so that calling a jitted function
-  again lowers and compiles nothing, and what the compiler needs to know of each node.
+  Compiled programs, per (function, arguments' structure, node) as `XlaNode.Compiler.Program`
+  keys them, so that calling a jitted function again lowers and compiles nothing, and what the
+  compiler needs to know of each node.
 
   The node frees an executable when the process that compiled it exits, so this process
   compiles them itself and lives as long as the application. Entries of a node go when the
@@ -10,7 +11,7 @@ defmodule XlaNode.Compiler.Cache do
   Keys and entries cross into this process and into ETS, copies that do not keep a term's
   sharing: an entry holds the executable, output templates and the callbacks, and a key the
   traced function with any expression it captured replaced by its id
-  (`XlaNode.Compiler.cache_key/1`), never an expression graph.
+  (`XlaNode.Compiler.Program.function_key/1`), never an expression graph.
   """
   use GenServer
 

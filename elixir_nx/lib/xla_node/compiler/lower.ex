@@ -20,14 +20,16 @@ defmodule XlaNode.Compiler.Lower do
 
   @doc """
   Builds `main(parameters) -> outputs`. Returns `%{text: module_text, callbacks: %{id =>
-  callback}}`, the callbacks being what the caller's callback server must answer. `target`
-  (`%{node: node, platform: platform}`) is what `XlaNode.Compiler.CustomCall` implementations
-  are told of the node the program is for.
+  callback}}`, the callbacks being what the caller's callback server must answer. `parameters`
+  are the templates of the expression's root parameters, by position; one that is `nil` (the
+  expression does not use it) is left out of `main`'s arguments. `target` (`%{node: node,
+  platform: platform}`) is what `XlaNode.Compiler.CustomCall` implementations are told of the
+  node the program is for.
   """
   def module(parameters, outputs, target \\ %{node: nil, platform: "cpu"}) do
     calls_back = Enum.any?(outputs, &calls_back?/1)
     # Vectorized parameters come in devectorized, as the expression uses them.
-    param_types = Enum.map(parameters, &type_of(Nx.devectorize(&1)))
+    param_types = for p <- parameters, p != nil, do: type_of(Nx.devectorize(p))
     arg_types = if calls_back, do: [{{:u, 8}, [8]} | param_types], else: param_types
     Process.put(:xla_node_lower_callbacks, %{})
 
@@ -36,7 +38,8 @@ defmodule XlaNode.Compiler.Lower do
         M.module(fn ->
           M.function("main", arg_types, fn args ->
             {handle, args} = if calls_back, do: {hd(args), tl(args)}, else: {nil, args}
-            state = %{params: args, handle: handle, loop: %{}, cache: %{}, target: target}
+            params = by_position(parameters, args)
+            state = %{params: params, handle: handle, loop: %{}, cache: %{}, target: target}
             {values, _state} = lower_all(outputs, state)
             values
           end)
@@ -46,6 +49,18 @@ defmodule XlaNode.Compiler.Lower do
     after
       Process.delete(:xla_node_lower_callbacks)
     end
+  end
+
+  # The function's arguments at the positions of the parameters they stand for, `nil` at the
+  # others.
+  defp by_position(parameters, args) do
+    {params, []} =
+      Enum.map_reduce(parameters, args, fn
+        nil, args -> {nil, args}
+        _parameter, [arg | args] -> {arg, args}
+      end)
+
+    params
   end
 
   defp calls_back?(expr), do: has_op?(expr, [:runtime_call, :hook])

@@ -1,12 +1,15 @@
 defmodule XlaNode.Compiler.Options do
   @moduledoc """
-  The options `XlaNode.Compiler` takes, checked before anything is compiled: a misspelt option
-  (`keep_on_devise: true`) raises instead of being silently ignored.
+  The options `XlaNode.Compiler` takes, checked before anything is compiled: a value of the
+  wrong kind (`keep_on_device: :yes`, `timeout: :never`) raises `ArgumentError` naming the
+  option.
 
-  Besides its own, the compiler accepts (and ignores) the options Nx itself passes through to
-  a compiler: `Nx.Defn.jit/2`'s and `Nx.Defn.compile/3`'s `:hooks` (used) and `:on_conflict`,
-  the `:compiler` that `Nx.Serving` leaves in the options of a partitioned serving, and the
-  `:batch_keys` it adds to the options it gives the function that jits.
+  Options the compiler does not know are accepted and ignored, as `Nx.Defn.Evaluator` and
+  `EXLA` do: `Nx.Defn.jit/2` hands a compiler every option it is given, and libraries forward
+  their own through it (`Axon.build(model, mode: :train)` passes `:mode`, and others
+  `:global_layer_options` or `:print_values`), as does Nx itself (`:hooks`, `:on_conflict`,
+  `Nx.Serving`'s `:batch_keys` and the `:compiler` it leaves in a partitioned serving's
+  options). So a misspelt option of the compiler's own (`keep_on_devise: true`) is ignored too.
   """
 
   @own [
@@ -16,19 +19,24 @@ defmodule XlaNode.Compiler.Options do
     queue_timeout: :timeout,
     hooks: :map,
     keep_on_device: :boolean,
-    timeout: :timeout
+    timeout: :timeout,
+    debug: :boolean
   ]
-  @from_nx [batch_keys: :any, compiler: :any, on_conflict: :any]
 
-  @note " (besides its own, the compiler takes Nx's " <>
-          Enum.map_join(Keyword.keys(@from_nx), ", ", &inspect/1) <>
-          "; options set with Nx.Defn.default_options/1 or :default_defn_options reach the " <>
-          "compiler too)"
+  @doc "The compiler's own options, whose values are checked."
+  def own, do: Keyword.keys(@own)
 
-  @doc "The options the compiler accepts."
-  def valid, do: Keyword.keys(@own ++ @from_nx)
+  @doc """
+  Returns `opts`, or raises `ArgumentError` when it is not a keyword list or one of the
+  compiler's own options has a value it does not take. Other options pass unchecked.
+  """
+  def validate!(opts) do
+    foreign =
+      for {key, _value} when is_atom(key) <- List.wrap(opts),
+          not Keyword.has_key?(@own, key),
+          uniq: true,
+          do: {key, :any}
 
-  @doc "Returns `opts`, or raises `ArgumentError` naming an unknown option or a bad value."
-  def validate!(opts),
-    do: XlaNode.Options.validate!(opts, "XlaNode.Compiler", @own ++ @from_nx, @note)
+    XlaNode.Options.validate!(opts, "XlaNode.Compiler", @own ++ foreign)
+  end
 end

@@ -20,11 +20,12 @@ defmodule XlaNode.Compiler.Split do
 
   alias Nx.Defn.{Composite, Expr, Graph}
   alias Nx.Tensor, as: T
-  alias XlaNode.Compiler
+  alias XlaNode.Compiler.Program
 
   @doc """
   Returns the function `XlaNode.Compiler.__compile__/4` returns, for `:split` mode; `key` is
-  the traced function's cache key (`XlaNode.Compiler.cache_key/1`).
+  the traced function's key (`XlaNode.Compiler.Program.function_key/1`). As without `:split`,
+  only the arguments some stage uses are read and sent.
   """
   def compile(key, vars, fun, opts, info) do
     output = fun.(vars)
@@ -35,11 +36,11 @@ defmodule XlaNode.Compiler.Split do
     # compiled under a key of their own, stable from call to call, so that each is compiled
     # once: the function, its arguments' templates, and the stage's place in the chain.
     node_opts = opts |> Keyword.put(:callbacks, :inside) |> Keyword.put(:keep_on_device, true)
-    split_key = {:split, key, Compiler.templates(vars)}
+    split_key = {:split, key, Program.arguments_key(vars)}
 
     scope =
       vars
-      |> Composite.flatten_list()
+      |> Program.parameters()
       |> Enum.with_index(fn t, i -> {{nil, i}, Nx.to_template(t)} end)
       |> Map.new()
 
@@ -61,9 +62,11 @@ defmodule XlaNode.Compiler.Split do
       end)
 
     {keep, node} = {opts[:keep_on_device], opts[:node]}
+    used = for {_id, sources, _run} <- stages, {nil, i} <- sources, uniq: true, do: i
 
     fn [params] ->
-      scope = params |> Enum.with_index(fn param, i -> {{nil, i}, param.()} end) |> Map.new()
+      # Only the arguments a stage takes are read, each once.
+      scope = for i <- used, into: %{}, do: {{nil, i}, Enum.fetch!(params, i).()}
 
       # The stages' buffers are freed when the call ends, except those it returns.
       results =
@@ -116,8 +119,8 @@ defmodule XlaNode.Compiler.Split do
       vars = [inputs]
 
       program =
-        Compiler.program(
-          {stage_key, Compiler.templates(vars), node_opts[:node]},
+        Program.runner(
+          {stage_key, Program.arguments_key(vars), node_opts[:node]},
           vars,
           fn _ -> expr end,
           node_opts,
