@@ -42,7 +42,7 @@ defmodule XlaNode.Compiler do
       program; `:split`: the program is cut at each of them, the pieces run on the node with
       their results kept there, and the callbacks run on this node between them (see
       `XlaNode.Compiler.Split`). Default: `:inside` where the node's platform can run host
-      callbacks (CPU; `:info`'s `host_callbacks`), `:split` elsewhere
+      callbacks (CPU and CUDA; `:info`'s `host_callbacks`), `:split` elsewhere
     * `:keep_on_device` - return tensors whose data stays on the node (`XlaNode.Backend`), to
       pass into the next call without moving them. Default: `true` when the process's default
       backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
@@ -131,7 +131,7 @@ defmodule XlaNode.Compiler do
   end
 
   # Callbacks inside the program need a platform whose programs can call the node's host
-  # handlers (CPU); elsewhere the program is cut at them.
+  # handlers (CPU, CUDA); elsewhere the program is cut at them.
   defp default_callbacks(%{host_callbacks: true}), do: :inside
   defp default_callbacks(_info), do: :split
 
