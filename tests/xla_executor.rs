@@ -1278,3 +1278,41 @@ fn waiting_on_xla_from_the_runtime_is_caught() {
         );
     });
 }
+
+/// A buffer written in pieces as they arrive comes out as the whole tensor, usable by a run;
+/// one abandoned halfway costs nothing but itself, and the client goes on.
+#[test]
+fn device_upload_in_pieces() {
+    use xla_node::xla::DeviceUpload;
+    let values: Vec<f32> = (0..10_000).map(|i| i as f32 * 0.5).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut upload = DeviceUpload::new(&client(), DType::F32, &[10_000]).unwrap();
+    assert_eq!(upload.size(), 40_000);
+    for piece in bytes.chunks(7_000) {
+        upload.write(piece).unwrap();
+    }
+    let err = upload.write(&[0]).unwrap_err();
+    assert!(
+        err.message()
+            .contains("takes 40000 bytes; 1 more after 40000"),
+        "{err}"
+    );
+    let buffer = upload.finish().unwrap();
+    assert_eq!(buffer.to_host_tensor().unwrap().data, bytes);
+
+    let mut abandoned = DeviceUpload::new(&client(), DType::F32, &[10_000]).unwrap();
+    abandoned.write(&bytes[..12_000]).unwrap();
+    drop(abandoned);
+    let short = DeviceUpload::new(&client(), DType::U8, &[4]).unwrap();
+    assert!(short
+        .finish()
+        .unwrap_err()
+        .message()
+        .contains("takes 4 bytes, 0 were written"));
+    assert!(DeviceUpload::new(&client(), DType::S4, &[4]).is_err());
+    // The client goes on.
+    let again = client()
+        .buffer_from_host(&bytes, DType::F32, &[10_000])
+        .unwrap();
+    assert_eq!(again.to_host_tensor().unwrap().data, bytes);
+}

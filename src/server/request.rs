@@ -105,7 +105,7 @@ impl Request {
 
     /// Serves a request sent with `GenServer.cast`, which gets no answer: frees and upload
     /// chunks; any other is ignored (there is no one to tell).
-    pub fn apply_cast(self, state: &State) {
+    pub fn apply_cast(self, state: &Arc<State>) {
         match self {
             Request::Free(free) => free.apply_cast(state),
             Request::UploadChunk(chunk) => chunk.apply_cast(state),

@@ -5,9 +5,10 @@
 //! A node drops a connection whose peer sends one message over `--max-message-bytes`, and with it
 //! every buffer that peer's processes hold: clients move larger tensors in chunks, each its own
 //! message. An upload is a resource of its caller like a buffer: when the caller exits before
-//! `{:upload_done, upload}`, what it sent is dropped with it. Chunks are kept as they arrive
-//! (their bytes are the decoded message's, not copied on the server's task) and put together on
-//! an executor thread at the end.
+//! `{:upload_done, upload}`, what it sent is dropped with it. Each chunk is kept as it arrives
+//! (its bytes are the decoded message's, not copied on the server's task) and written to the
+//! device by an executor thread while the next ones arrive ([`DeviceUpload`]); 2- and 4-bit
+//! tensors, whose device layout is not their packed bytes, are put together and placed whole.
 
 use super::error::RequestError;
 use super::parse::{argument, keywords, reference, Elements};
@@ -16,8 +17,9 @@ use super::state::State;
 use crate::node::gen::Caller;
 use crate::node::term::{atom, int, ok, tuple};
 use crate::tensor_term::{data_bits, data_term, parse_shape, shape_term};
-use crate::xla::{HostTensor, TensorSpec};
+use crate::xla::{DeviceUpload, HostTensor, TensorSpec};
 use eetf::{Reference, Term};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 /// A tensor arriving in chunks.
@@ -25,20 +27,47 @@ pub struct Upload {
     spec: TensorSpec,
     /// Bytes the whole tensor takes (its bits rounded up).
     total: usize,
+    /// Whether chunks are written to the device as they arrive ([`DeviceUpload`]): every type
+    /// of a byte or more per element; 2- and 4-bit tensors are put together and placed whole.
+    in_pieces: bool,
     parts: Mutex<Parts>,
 }
 
 #[derive(Default)]
 struct Parts {
-    chunks: Vec<Vec<u8>>,
+    /// Chunks received and not yet written to the device (all of them, for a tensor placed
+    /// whole).
+    pending: VecDeque<Vec<u8>>,
     received: usize,
-    /// The first thing wrong with a chunk sent without an answer, reported by `upload_done`.
+    /// A job is writing `pending` to the device.
+    writing: bool,
+    /// The device buffer being written, once the first chunk made it.
+    device: Option<DeviceUpload>,
+    /// The first thing wrong (a chunk too many, a failed write), reported by `upload_done`.
     error: Option<String>,
+    /// Who sent `{:upload_done, upload}` while a write was still going: the writer answers.
+    done: Option<Caller>,
 }
 
 impl Upload {
-    fn add(&self, chunk: Vec<u8>) -> Result<(), String> {
-        let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+    fn new(spec: TensorSpec) -> Upload {
+        let total = spec.bit_size().div_ceil(8);
+        Upload {
+            in_pieces: !spec.dtype.is_sub_byte() && total > 0,
+            total,
+            spec,
+            parts: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Parts> {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps a chunk (on the server's task: no copy, no XLA); `true` when a job must be started
+    /// to write it to the device.
+    fn add(&self, chunk: Vec<u8>) -> Result<bool, String> {
+        let mut parts = self.lock();
         if let Some(error) = &parts.error {
             return Err(error.clone());
         }
@@ -51,43 +80,109 @@ impl Upload {
                 parts.received
             );
             // Nothing more is kept: the upload can only fail now.
-            parts.chunks = Vec::new();
+            parts.pending.clear();
             parts.error = Some(error.clone());
             return Err(error);
         }
         parts.received += chunk.len();
-        parts.chunks.push(chunk);
-        Ok(())
+        parts.pending.push_back(chunk);
+        let start_writer = self.in_pieces && !parts.writing;
+        parts.writing |= start_writer;
+        Ok(start_writer)
     }
 
-    /// The whole tensor, or what is wrong.
-    fn assemble(&self) -> Result<HostTensor, String> {
-        let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+    /// Writes the pending chunks to the device in order, on an executor thread, until none is
+    /// left; then answers an `upload_done` that came meanwhile.
+    fn write_pending(self: &Arc<Self>, state: &State) {
+        loop {
+            let (chunk, device) = {
+                let mut parts = self.lock();
+                match parts.pending.pop_front() {
+                    Some(chunk) if parts.error.is_none() => (chunk, parts.device.take()),
+                    Some(_) => continue,
+                    None => {
+                        parts.writing = false;
+                        let done = parts.done.take();
+                        drop(parts);
+                        if let Some(caller) = done {
+                            self.finish(state, &caller);
+                        }
+                        return;
+                    }
+                }
+            };
+            let written = match device {
+                Some(device) => Ok(device),
+                None => DeviceUpload::new(state.client(), self.spec.dtype, &self.spec.dims),
+            }
+            .and_then(|mut device| device.write(&chunk).map(|()| device));
+            let mut parts = self.lock();
+            match written {
+                Ok(device) => parts.device = Some(device),
+                Err(e) => {
+                    parts.error.get_or_insert_with(|| e.message().to_string());
+                }
+            }
+        }
+    }
+
+    /// Answers `{:upload_done, upload}` now, or hands it to the write still going.
+    fn done(self: Arc<Self>, state: &Arc<State>, caller: Caller) {
+        let mut parts = self.lock();
+        if parts.writing {
+            parts.done = Some(caller);
+            return;
+        }
+        drop(parts);
+        state.spawn(move |state| self.finish(state, &caller));
+    }
+
+    /// Answers `caller` with the buffer, or what is wrong; on an executor thread.
+    fn finish(&self, state: &State, caller: &Caller) {
+        let placed = self.take_whole().and_then(|whole| match whole {
+            Whole::Written(device) => {
+                let buffer = device.finish()?;
+                Ok(state.register(Resource::Buffer(Arc::new(buffer)), &caller.pid))
+            }
+            Whole::Host(tensor) => state.upload(&tensor, &caller.pid),
+        });
+        state.reply_result(caller, placed.map(Term::from));
+    }
+
+    /// The tensor once every chunk is in: written to the device, or put together.
+    fn take_whole(&self) -> Result<Whole, RequestError> {
+        let mut parts = self.lock();
         if let Some(error) = &parts.error {
-            return Err(error.clone());
+            return Err(argument(error.clone()));
         }
         if parts.received != self.total {
-            return Err(format!(
+            return Err(argument(format!(
                 "the upload of {} takes {} bytes, {} arrived",
                 self.spec, self.total, parts.received
-            ));
+            )));
         }
-        let chunks = std::mem::take(&mut parts.chunks);
-        let data = if chunks.len() == 1 {
-            chunks.into_iter().next().expect("one chunk")
-        } else {
-            let mut data = Vec::with_capacity(self.total);
-            for chunk in chunks {
-                data.extend_from_slice(&chunk);
-            }
-            data
-        };
-        Ok(HostTensor::new(
+        if self.in_pieces {
+            let device = parts.device.take().ok_or_else(|| {
+                argument(format!("the upload of {} was written already", self.spec))
+            })?;
+            return Ok(Whole::Written(device));
+        }
+        let mut data = Vec::with_capacity(self.total);
+        for chunk in std::mem::take(&mut parts.pending) {
+            data.extend_from_slice(&chunk);
+        }
+        Ok(Whole::Host(HostTensor::new(
             self.spec.dtype,
             self.spec.dims.clone(),
             data,
-        ))
+        )))
     }
+}
+
+/// An upload's tensor once all of it arrived.
+enum Whole {
+    Written(DeviceUpload),
+    Host(HostTensor),
 }
 
 /// `{:upload, {type, dims}}`, parsed: a tensor that will come in chunks.
@@ -107,17 +202,12 @@ impl UploadRequest {
     /// Replies `{:ok, upload}`, to which chunks are then sent; refused now rather than after
     /// the bytes came when the tensor cannot fit under `--max-device-bytes` at all.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
-        let total = self.spec.bit_size().div_ceil(8);
-        // The reservation itself is taken again when the tensor is placed.
+        let upload = Upload::new(self.spec);
+        // Only a check: the buffer's bytes count as held once it is made.
         let begun = state
-            .reserve_device("the upload", total as u64)
+            .reserve_device("the upload", upload.total as u64)
             .map(|fits| {
                 drop(fits);
-                let upload = Upload {
-                    spec: self.spec,
-                    total,
-                    parts: Mutex::default(),
-                };
                 Term::from(state.register(Resource::Upload(Arc::new(upload)), &from.pid))
             });
         state.reply_result(&from, begun);
@@ -140,8 +230,9 @@ impl UploadChunkRequest {
         })
     }
 
-    /// Keeps the chunk (its bytes as decoded, not copied); the error, if any.
-    fn add(self, state: &State) -> Result<(), RequestError> {
+    /// Keeps the chunk (its bytes as decoded, not copied) and has it written to the device on
+    /// an executor thread; the error, if any.
+    fn add(self, state: &Arc<State>) -> Result<(), RequestError> {
         let upload = state.lookup_upload(&self.upload)?;
         let (bytes, bits) = data_bits(self.chunk)
             .map_err(|other| argument(format!("a chunk must be a binary, got {other}")))?;
@@ -150,7 +241,10 @@ impl UploadChunkRequest {
             // unused bits zero.
             return Err(argument("a chunk must be a whole number of bytes"));
         }
-        upload.add(bytes).map_err(RequestError::Argument)
+        if upload.add(bytes).map_err(RequestError::Argument)? {
+            state.spawn(move |state| upload.write_pending(state));
+        }
+        Ok(())
     }
 
     /// As a call: replies `:ok` or the error.
@@ -163,7 +257,7 @@ impl UploadChunkRequest {
 
     /// As a cast: a chunk that fails marks nothing the caller sees now; the upload's
     /// `{:upload_done, upload}` says what went wrong (an unknown upload has no one to tell).
-    pub fn apply_cast(self, state: &State) {
+    pub fn apply_cast(self, state: &Arc<State>) {
         if let Err(e) = self.add(state) {
             tracing::debug!("xla: upload chunk cast: {e}");
         }
@@ -183,20 +277,13 @@ impl UploadDoneRequest {
         })
     }
 
-    /// Replies `{:ok, buffer}`, the tensor on the device; the upload is gone either way.
+    /// Replies `{:ok, buffer}`, the tensor on the device, once its last chunk is written; the
+    /// upload is gone either way.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
-        let upload = match state.take_upload(&self.upload) {
-            Ok(upload) => upload,
-            Err(e) => return state.reply_error(&from, &e),
-        };
-        state.spawn(move |state| {
-            let uploaded = upload
-                .assemble()
-                .map_err(RequestError::Argument)
-                .and_then(|tensor| state.upload(&tensor, &from.pid))
-                .map(Term::from);
-            state.reply_result(&from, uploaded);
-        });
+        match state.take_upload(&self.upload) {
+            Ok(upload) => upload.done(state, from),
+            Err(e) => state.reply_error(&from, &e),
+        }
     }
 }
 

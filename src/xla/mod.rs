@@ -18,6 +18,7 @@ mod catch;
 mod client;
 mod compile_cache;
 mod cuda;
+mod device_upload;
 mod dtype;
 mod error;
 mod executable;
@@ -36,6 +37,7 @@ mod tensor;
 
 pub use buffer::Buffer;
 pub use client::{Api, Client, DeviceInfo, DeviceMemory};
+pub use device_upload::DeviceUpload;
 pub use dtype::{element_count, DType, TensorSpec};
 pub use error::XlaError;
 pub use executable::{Argument, Executable};

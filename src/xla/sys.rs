@@ -44,6 +44,10 @@ pub struct PJRT_Memory {
     _p: [u8; 0],
 }
 #[repr(C)]
+pub struct PJRT_AsyncHostToDeviceTransferManager {
+    _p: [u8; 0],
+}
+#[repr(C)]
 pub struct PJRT_Executable {
     _p: [u8; 0],
 }
@@ -394,6 +398,42 @@ pjrt_args!(PJRT_Device_MemoryStats_Args, last = peak_pool_bytes_is_set: bool, {
     pool_bytes_is_set: bool,
     peak_pool_bytes: i64,
     peak_pool_bytes_is_set: bool,
+});
+
+pjrt_args!(PJRT_Device_DefaultMemory_Args, last = memory: *mut PJRT_Memory, {
+    device: *mut PJRT_Device,
+    memory: *mut PJRT_Memory,
+});
+pjrt_args!(PJRT_ShapeSpec, last = element_type: u32, {
+    dims: *const i64,
+    num_dims: usize,
+    element_type: u32,
+});
+pjrt_args!(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args, last = transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager, {
+    client: *mut PJRT_Client,
+    shape_specs: *mut PJRT_ShapeSpec,
+    num_shape_specs: usize,
+    device_layouts: *mut *mut c_void,
+    num_device_layouts: usize,
+    memory: *mut PJRT_Memory,
+    transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager,
+});
+pjrt_args!(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args, last = done_with_h2d_transfer: *mut PJRT_Event, {
+    transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager,
+    buffer_index: c_int,
+    data: *const c_void,
+    offset: i64,
+    transfer_size: i64,
+    is_last_transfer: bool,
+    done_with_h2d_transfer: *mut PJRT_Event,
+});
+pjrt_args!(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args, last = buffer_out: *mut PJRT_Buffer, {
+    transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager,
+    buffer_index: c_int,
+    buffer_out: *mut PJRT_Buffer,
+});
+pjrt_args!(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args, last = transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager, {
+    transfer_manager: *mut PJRT_AsyncHostToDeviceTransferManager,
 });
 
 pjrt_args!(PJRT_Executable_Destroy_Args, last = executable: *mut PJRT_Executable, {
@@ -804,6 +844,25 @@ mod tests {
         assert_eq!(PJRT_Event_IsReady_Args::SIZE, 25);
         assert_eq!(PJRT_Client_Create_Args::SIZE, 88);
         assert_eq!(PJRT_Device_MemoryStats_Args::SIZE, 185);
+        assert_eq!(PJRT_Device_DefaultMemory_Args::SIZE, 32);
+        assert_eq!(PJRT_ShapeSpec::SIZE, 36);
+        assert_eq!(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args::SIZE, 72);
+        assert_eq!(
+            offset_of!(
+                PJRT_AsyncHostToDeviceTransferManager_TransferData_Args,
+                offset
+            ),
+            0x28
+        );
+        assert_eq!(
+            PJRT_AsyncHostToDeviceTransferManager_TransferData_Args::SIZE,
+            0x48
+        );
+        assert_eq!(
+            PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args::SIZE,
+            40
+        );
+        assert_eq!(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Client_Destroy_Args::SIZE, 24);
         assert_eq!(PJRT_Client_PlatformName_Args::SIZE, 40);
         assert_eq!(PJRT_Client_PlatformVersion_Args::SIZE, 40);
