@@ -205,8 +205,8 @@ defmodule XlaNode do
     metadata = telemetry_metadata(server, opts, %{exe: exe})
 
     Telemetry.span(:run, metadata, fn ->
-      result = call(server, request, timeout)
-      {result, Telemetry.stop_metadata(metadata, result)}
+      {result, where} = call_run(server, request, timeout)
+      {result, metadata |> Map.merge(where) |> Telemetry.stop_metadata(result)}
     end)
   end
 
@@ -446,7 +446,20 @@ defmodule XlaNode do
     end
   end
 
-  defp call_node(server, request, timeout) do
+  # A run, with where it went for its telemetry: `attempts` (how many nodes it was sent to) and,
+  # through a pool, the `node` of its last attempt.
+  defp call_run(server, request, timeout) do
+    case XlaNode.Pool.route(server, request) do
+      :node -> {call_node(server, request, timeout), %{attempts: 1}}
+      {:pool, pool} -> XlaNode.Pool.run(pool, request, timeout)
+      {:error, _} = error -> {error, %{attempts: 0}}
+    end
+  end
+
+  @doc false
+  # The call to one node (or any other `server` but a pool), its reply normalised; what an
+  # `XlaNode.Pool` sends each request it places with.
+  def call_node(server, request, timeout) do
     target = server(server)
 
     try do
@@ -477,9 +490,7 @@ defmodule XlaNode do
   defp check_path(path),
     do: argument_error("the kernel path must be a string, got: #{inspect(path)}")
 
-  defp argument_error(message) do
-    {:error, %Error{kind: :argument_error, message: message, reason: {:argument_error, message}}}
-  end
+  defp argument_error(message), do: {:error, Error.argument_error(message)}
 
   defp bang({:ok, value}), do: value
   defp bang({:error, %Error{} = error}), do: raise(error)

@@ -14,7 +14,8 @@ defmodule XlaNode.Error do
       * errors of the call itself, when the node could not be asked or did not answer:
         `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
         `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
-        another reason), `:bad_reply` (an answer this library does not understand).
+        another reason), `:bad_reply` (an answer this library does not understand),
+        `:no_nodes` (an `XlaNode.Pool` without nodes).
     * `:message` - a human readable message (a binary).
     * `:reason` - the raw reason: the exit reason for call errors, the `{kind, message}` term the
       node sent otherwise.
@@ -38,6 +39,7 @@ defmodule XlaNode.Error do
           | :timeout
           | :exit
           | :bad_reply
+          | :no_nodes
           | atom()
 
   @type t :: %__MODULE__{kind: kind(), message: String.t(), reason: term(), node: node() | nil}
@@ -46,6 +48,48 @@ defmodule XlaNode.Error do
 
   @impl true
   def message(%__MODULE__{kind: kind, message: message}), do: "#{kind}: #{message}"
+
+  @doc """
+  An `:argument_error`: a call this library refuses before (or instead of) asking a node.
+
+      iex> XlaNode.Error.argument_error("bad handle")
+      %XlaNode.Error{kind: :argument_error, message: "bad handle", reason: {:argument_error, "bad handle"}}
+  """
+  @spec argument_error(String.t()) :: t()
+  def argument_error(message),
+    do: %__MODULE__{kind: :argument_error, message: message, reason: {:argument_error, message}}
+
+  @doc """
+  A `:nodedown` error about `node`: it is down, or went down before the call ended.
+
+      iex> XlaNode.Error.nodedown(:"xla@host", "xla@host is not up").reason
+      :nodedown
+  """
+  @spec nodedown(node(), String.t()) :: t()
+  def nodedown(node, message),
+    do: %__MODULE__{kind: :nodedown, reason: :nodedown, node: node, message: message}
+
+  @doc """
+  A `:nodedown` error of an `XlaNode.Pool` none of whose `nodes` is up.
+
+      iex> XlaNode.Error.nodes_down([:"a@h"], "no node is up").reason
+      {:nodes_down, [:"a@h"]}
+  """
+  @spec nodes_down([node()], String.t()) :: t()
+  def nodes_down(nodes, message),
+    do: %__MODULE__{kind: :nodedown, reason: {:nodes_down, nodes}, message: message}
+
+  @doc "A `:no_nodes` error: an `XlaNode.Pool` without nodes."
+  @spec no_nodes(String.t()) :: t()
+  def no_nodes(message), do: %__MODULE__{kind: :no_nodes, reason: :no_nodes, message: message}
+
+  @doc "A `:noproc` error: no process to ask (an unknown or stopped `XlaNode.Pool`)."
+  @spec noproc(String.t()) :: t()
+  def noproc(message), do: %__MODULE__{kind: :noproc, reason: :noproc, message: message}
+
+  @doc "A `:timeout` error: no answer in time."
+  @spec timeout(String.t()) :: t()
+  def timeout(message), do: %__MODULE__{kind: :timeout, reason: :timeout, message: message}
 
   @doc """
   Builds an error from what the node sent after `:error` (`{kind, message}`).

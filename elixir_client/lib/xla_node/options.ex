@@ -26,6 +26,9 @@ defmodule XlaNode.Options do
           | :dimension_layout
           | :attributes
           | :node
+          | :node_names
+          | :pool_name
+          | :backoff
           | :any
           | {:in, [term()]}
 
@@ -93,6 +96,19 @@ defmodule XlaNode.Options do
   defp valid?(:integers, value), do: is_list(value) and Enum.all?(value, &is_integer/1)
   defp valid?({:in, values}, value), do: value in values
   defp valid?(:node, value), do: is_pid(value) or plain_atom?(value)
+  defp valid?(:node_names, value), do: is_list(value) and Enum.all?(value, &node_name?/1)
+
+  defp valid?(:pool_name, value),
+    do: is_atom(value) and not String.contains?(Atom.to_string(value), "@")
+
+  defp valid?(:backoff, value),
+    do:
+      match?(
+        {first, max}
+        when is_integer(first) and is_integer(max) and 0 <= first and first <= max and max > 0,
+        value
+      )
+
   defp valid?(:any, _value), do: true
 
   defp valid?(:name, value) do
@@ -124,6 +140,10 @@ defmodule XlaNode.Options do
   defp integer_lists?({a, b}), do: valid?(:integers, a) and valid?(:integers, b)
 
   defp plain_atom?(value), do: is_atom(value) and value not in [nil, true, false]
+
+  @doc "Whether `value` is a node name: an atom with an `@`, such as `:\"xla@host\"`."
+  @spec node_name?(term()) :: boolean()
+  def node_name?(value), do: plain_atom?(value) and String.contains?(Atom.to_string(value), "@")
   defp name_at_node?(value), do: match?({name, node} when is_atom(name) and is_atom(node), value)
 
   defp describe(:boolean), do: "a boolean"
@@ -145,6 +165,12 @@ defmodule XlaNode.Options do
   defp describe(:dimension_layout), do: "{dimension, dimension, [dimension]}, integers"
   defp describe(:attributes), do: "a list of {name, attribute text}"
   defp describe(:node), do: "a node name (an atom) or an XlaNode.Pool (its name or pid)"
+  defp describe(:node_names), do: ~s(a list of node names such as :"xla@host")
+
+  defp describe(:pool_name),
+    do: "nil or an atom without \"@\" (it must not read as a node name)"
+
+  defp describe(:backoff), do: "{first_ms, max_ms} with 0 <= first_ms <= max_ms and max_ms > 0"
   defp describe(:any), do: "any term"
   defp describe({:in, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)
 end

@@ -68,6 +68,12 @@ defmodule XlaNode.Pool do
   whether a callback fired, and it is closed before the run is re-sent, so that a late request
   of the attempt that died is never served.
 
+  ## Telemetry
+
+  A run through the pool is one `[:xla_node, :run]` span (see `XlaNode.Telemetry`), however
+  many nodes it tries: its `:stop` metadata has `attempts` (how many nodes it was sent to) and
+  `node` (where the last attempt went).
+
   ## Run options
 
   Besides `run/4`'s own (`:keep_on_device`, `:callback_server`, `:callback_timeout`,
@@ -87,10 +93,8 @@ defmodule XlaNode.Pool do
 
   require Logger
 
-  alias XlaNode.Error
+  alias XlaNode.{Error, Options}
   alias XlaNode.Pool.{Dispatch, Executable, Table}
-
-  @start_options [:name, :nodes, :max_attempts, :reconnect_backoff, :check_timeout]
 
   @typedoc "A pool: its registered name or its pid."
   @type t :: atom() | pid()
@@ -225,6 +229,9 @@ defmodule XlaNode.Pool do
   @doc false
   defdelegate request(context, request, timeout), to: Dispatch
 
+  @doc false
+  defdelegate run(context, request, timeout), to: Dispatch
+
   # A bare atom without "@" cannot name a node.
   defp pool_name?(server),
     do: is_atom(server) and server != nil and not String.contains?(Atom.to_string(server), "@")
@@ -234,13 +241,9 @@ defmodule XlaNode.Pool do
   defp pool_handle({:free, %Executable{} = h}), do: h
   defp pool_handle(_request), do: nil
 
-  defp unknown_pool(server) do
-    %Error{
-      kind: :noproc,
-      message: "no pool named #{inspect(server)} is running (and a node name needs an \"@\")",
-      reason: :noproc
-    }
-  end
+  defp unknown_pool(server),
+    do:
+      Error.noproc("no pool named #{inspect(server)} is running (and a node name needs an \"@\")")
 
   defp pool_call!(pool, request) do
     case Table.whereis(pool) && Table.context(Table.whereis(pool)) do
@@ -249,78 +252,35 @@ defmodule XlaNode.Pool do
     end
   end
 
+  # The options, checked, with their defaults.
   defp validate!(opts) do
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "XlaNode.Pool expects a keyword list of options, got: #{inspect(opts)}"
-    end
+    spec = [
+      name: :pool_name,
+      nodes: :node_names,
+      max_attempts: :pos_integer,
+      reconnect_backoff: :backoff,
+      check_timeout: :positive_timeout
+    ]
 
-    case Keyword.keys(opts) -- @start_options do
-      [] ->
-        :ok
+    # XlaNode.Options names the first unknown option; the pool's message names them all.
+    unknown = if Keyword.keyword?(opts), do: Keyword.keys(opts) -- Keyword.keys(spec), else: []
 
-      unknown ->
-        raise ArgumentError,
-              "unknown XlaNode.Pool options #{inspect(unknown)} (valid: #{inspect(@start_options)})"
-    end
+    opts =
+      Options.validate!(opts, "XlaNode.Pool.start_link/1", spec, "; unknown: #{inspect(unknown)}")
 
     nodes = Keyword.get(opts, :nodes) || raise ArgumentError, "XlaNode.Pool needs nodes: [...]"
 
-    unless is_list(nodes),
-      do: raise(ArgumentError, ":nodes must be a list, got #{inspect(nodes)}")
-
-    Enum.each(nodes, &check_node!/1)
-
-    name = Keyword.get(opts, :name)
-
-    unless name == nil or (is_atom(name) and not String.contains?(Atom.to_string(name), "@")) do
-      raise ArgumentError,
-            ":name must be an atom without \"@\" (it must not read as a node name), " <>
-              "got #{inspect(name)}"
-    end
-
-    max_attempts = Keyword.get(opts, :max_attempts, 3)
-
-    unless is_integer(max_attempts) and max_attempts >= 1,
-      do:
-        raise(
-          ArgumentError,
-          ":max_attempts must be a positive integer, got #{inspect(max_attempts)}"
-        )
-
-    backoff = Keyword.get(opts, :reconnect_backoff, {100, 5_000})
-
-    unless match?(
-             {min, max}
-             when is_integer(min) and is_integer(max) and min >= 0 and max >= min and max > 0,
-             backoff
-           ),
-           do:
-             raise(
-               ArgumentError,
-               ":reconnect_backoff must be {first_ms, max_ms} with 0 <= first_ms <= max_ms, " <>
-                 "got #{inspect(backoff)}"
-             )
-
-    check_timeout = Keyword.get(opts, :check_timeout, 10_000)
-
-    unless (is_integer(check_timeout) and check_timeout > 0) or check_timeout == :infinity,
-      do:
-        raise(
-          ArgumentError,
-          ":check_timeout must be a positive integer or :infinity, got #{inspect(check_timeout)}"
-        )
-
     [
-      name: name,
+      name: Keyword.get(opts, :name),
       nodes: Enum.uniq(nodes),
-      max_attempts: max_attempts,
-      reconnect_backoff: backoff,
-      check_timeout: check_timeout
+      max_attempts: Keyword.get(opts, :max_attempts, 3),
+      reconnect_backoff: Keyword.get(opts, :reconnect_backoff, {100, 5_000}),
+      check_timeout: Keyword.get(opts, :check_timeout, 10_000)
     ]
   end
 
   defp check_node!(node) do
-    unless is_atom(node) and node != nil and String.contains?(Atom.to_string(node), "@") do
+    unless Options.node_name?(node) do
       raise ArgumentError,
             "a pool node must be a node name such as :\"xla@host\", got #{inspect(node)}"
     end
@@ -471,11 +431,11 @@ defmodule XlaNode.Pool do
   end
 
   defp handle_message({:connected, node, connected}, state) do
-    case state.nodes[node] do
-      %{status: :connecting} when connected == true ->
+    case status(state, node) do
+      :connecting when connected == true ->
         {:noreply, check(state, node)}
 
-      %{status: :connecting} ->
+      :connecting ->
         why = if connected == :ignored, do: "this node is not distributed", else: "cannot connect"
         {:noreply, down(state, node, why)}
 
@@ -485,15 +445,15 @@ defmodule XlaNode.Pool do
   end
 
   defp handle_message({:reconnect, node}, state) do
-    case state.nodes[node] do
-      %{status: :down} -> {:noreply, connect(state, node)}
+    case status(state, node) do
+      :down -> {:noreply, connect(state, node)}
       _ -> {:noreply, state}
     end
   end
 
   defp handle_message({:check_timeout, node, request}, state) do
-    case state.nodes[node] do
-      %{status: :checking, check: ^request} ->
+    case {status(state, node), state.nodes[node]} do
+      {:checking, %{check: ^request}} ->
         {:noreply, down(state, node, "no answer to :info within #{state.check_timeout} ms")}
 
       _ ->
@@ -502,8 +462,8 @@ defmodule XlaNode.Pool do
   end
 
   defp handle_message({:nodeup, node, _info}, state) do
-    case state.nodes[node] do
-      %{status: :down} = info ->
+    case {status(state, node), state.nodes[node]} do
+      {:down, info} ->
         cancel_timer(info)
         {:noreply, check(state, node)}
 
@@ -513,8 +473,8 @@ defmodule XlaNode.Pool do
   end
 
   defp handle_message({:nodedown, node, _info}, state) do
-    case state.nodes[node] do
-      %{status: status} when status in [:up, :checking] ->
+    case status(state, node) do
+      status when status in [:up, :checking] ->
         Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node} went down")
         state = down(state, node, "disconnected")
         {:noreply, state}
@@ -539,15 +499,14 @@ defmodule XlaNode.Pool do
   ## Responses of the nodes
 
   defp handle_response({:check, node}, response, state) do
-    case {state.nodes[node], response} do
-      {%{status: :checking}, {:reply, {:ok, %{} = info}}} ->
+    case {status(state, node), response} do
+      {:checking, {:reply, {:ok, %{} = info}}} ->
         Table.set_up(state.tab, node)
         platform = Map.get(info, :platform)
         Logger.info("XlaNode.Pool #{inspect(state.label)}: #{node} is up (#{platform})")
 
         state
         |> update_node(node, %{
-          status: :up,
           check: nil,
           backoff: nil,
           platform: platform,
@@ -556,10 +515,10 @@ defmodule XlaNode.Pool do
         })
         |> wake_waiters(node)
 
-      {%{status: :checking}, {:reply, other}} ->
+      {:checking, {:reply, other}} ->
         down(state, node, ":info answered #{inspect(other, limit: 5)}")
 
-      {%{status: :checking}, {:error, {reason, _server}}} ->
+      {:checking, {:error, {reason, _server}}} ->
         down(state, node, ":info failed: #{inspect(reason)}")
 
       _ ->
@@ -637,7 +596,7 @@ defmodule XlaNode.Pool do
     pool = self()
     Table.set_status(state.tab, node, :connecting)
     spawn(fn -> send(pool, {:connected, node, Node.connect(node)}) end)
-    update_node(state, node, %{status: :connecting})
+    update_node(state, node, %{})
   end
 
   defp check(state, node) do
@@ -650,7 +609,7 @@ defmodule XlaNode.Pool do
     if state.check_timeout != :infinity,
       do: Process.send_after(self(), {:check_timeout, node, check}, state.check_timeout)
 
-    update_node(state, node, %{status: :checking, check: check})
+    update_node(state, node, %{check: check})
   end
 
   # The node is not usable: its executables went with it (or will be unknown to it when it
@@ -665,7 +624,6 @@ defmodule XlaNode.Pool do
 
     state
     |> update_node(node, %{
-      status: :down,
       check: nil,
       backoff: max(backoff, 1),
       timer: timer,
@@ -686,9 +644,10 @@ defmodule XlaNode.Pool do
 
   defp joining?(state, node), do: match?(%{joined: false}, state.nodes[node])
 
+  # What the pool process alone needs of a node; its status is in the table (Table.set_status/3),
+  # where callers read it too.
   defp update_node(state, node, changes) do
     base = %{
-      status: :connecting,
       check: nil,
       backoff: nil,
       timer: nil,
@@ -705,8 +664,16 @@ defmodule XlaNode.Pool do
   defp cancel_timer(%{timer: timer}) when is_reference(timer), do: Process.cancel_timer(timer)
   defp cancel_timer(_info), do: :ok
 
-  defp up?(state, nil), do: Enum.any?(state.nodes, fn {_, info} -> info.status == :up end)
-  defp up?(state, node), do: match?(%{status: :up}, state.nodes[node])
+  defp up?(state, nil), do: Enum.any?(state.nodes, fn {node, _} -> up?(state, node) end)
+  defp up?(state, node), do: status(state, node) == :up
+
+  # `:connecting`, `:checking`, `:up` or `:down`; nil for a node the pool does not have.
+  defp status(state, node) do
+    case Table.load(state.tab, node) do
+      {status, _generation, _in_flight} -> status
+      nil -> nil
+    end
+  end
 
   defp generation(state, node) do
     case Table.load(state.tab, node) do

@@ -7,7 +7,9 @@ defmodule XlaNode.Pool.Dispatch do
   # many processes go to the nodes side by side, never one at a time through the pool.
   #
   # Every function returns what XlaNode's own call does: `{:ok, value}` or
-  # `{:error, %XlaNode.Error{}}`.
+  # `{:error, %XlaNode.Error{}}`; `run/3` with where the run went (see its doc). The requests go
+  # to the nodes through `XlaNode.call_node/3`, the plain call to one node: a pool's run is one
+  # `XlaNode.run/4` call, one telemetry span.
 
   alias XlaNode.Error
   alias XlaNode.Pool.{Effects, Executable, Relay, Table}
@@ -17,46 +19,45 @@ defmodule XlaNode.Pool.Dispatch do
   @load_kernel "a pool does not load kernels: load one on each node of the pool " <>
                  "(XlaNode.load_kernel/5 with the node's name, or --kernel when it starts)"
 
-  @doc "Serves one `XlaNode` request through the pool described by `ctx`."
+  @doc """
+  Serves one `XlaNode` run request through the pool described by `ctx`: returns `{result,
+  %{node: node, attempts: attempts}}`, `node` being where the last attempt went (nil if none
+  did) and `attempts` how many nodes the run was sent to.
+  """
+  def run(ctx, {:run, exe, args}, timeout), do: run(ctx, exe, args, [], deadline(timeout))
+  def run(ctx, {:run, exe, args, opts}, timeout), do: run(ctx, exe, args, opts, deadline(timeout))
+
+  @doc "Serves one `XlaNode` request other than a run through the pool described by `ctx`."
   def request(ctx, request, timeout) do
     deadline = deadline(timeout)
 
     case request do
-      {:run, exe, args} ->
-        run(ctx, exe, args, [], deadline)
-
-      {:run, exe, args, opts} ->
-        run(ctx, exe, args, opts, deadline)
-
       {:compile, mlir} ->
         compile(ctx, mlir, [], deadline)
 
       {:compile, mlir, opts} ->
         compile(ctx, mlir, opts, deadline)
 
-      {:to_device, tensor} ->
-        anywhere(ctx, deadline, &XlaNode.to_device(&1, tensor, timeout: &2))
+      {:to_device, _tensor} ->
+        anywhere(ctx, deadline, &XlaNode.call_node(&1, request, &2))
 
       {:read, buffer} ->
-        on_buffer_node(ctx, buffer, deadline, &XlaNode.read(&1, buffer, timeout: &2))
+        on_buffer_node(ctx, buffer, deadline, &XlaNode.call_node(&1, request, &2))
 
       {:free, %Executable{} = handle} ->
         free_program(ctx, handle, deadline)
 
       {:free, ref} ->
-        on_buffer_node(ctx, ref, deadline, &ok(XlaNode.free(&1, ref, timeout: &2)))
+        on_buffer_node(ctx, ref, deadline, &XlaNode.call_node(&1, request, &2))
 
-      :info ->
-        anywhere(ctx, deadline, &XlaNode.info(&1, timeout: &2))
-
-      :ping ->
-        anywhere(ctx, deadline, &ok(XlaNode.ping(&1, timeout: &2)))
+      request when request in [:info, :ping] ->
+        anywhere(ctx, deadline, &XlaNode.call_node(&1, request, &2))
 
       {:load_kernel, _, _, _, _} ->
-        {:error, argument_error(@load_kernel)}
+        {:error, Error.argument_error(@load_kernel)}
 
       other ->
-        {:error, argument_error("#{inspect(other, limit: 5)} cannot go through a pool")}
+        {:error, Error.argument_error("#{inspect(other, limit: 5)} cannot go through a pool")}
     end
   end
 
@@ -79,30 +80,37 @@ defmodule XlaNode.Pool.Dispatch do
       }
 
       attempt_run(ctx, plan, 1, [])
+    else
+      error -> {error, %{node: nil, attempts: 0}}
     end
   end
 
+  # Returns {result, %{node: node of the last attempt, attempts: attempts made}}.
   defp attempt_run(ctx, plan, attempt, tried) do
-    with {:ok, node, gen} <- place(ctx, plan.handle.id, plan.pin, tried, plan.deadline) do
-      # In flight from here: a run waiting for its program to compile on the node counts, so
-      # that the runs placed meanwhile do not all pile onto a node that has none in flight yet.
-      watch_caller(ctx)
-      run = Table.start_run(ctx.tab, node)
+    case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline) do
+      {:ok, node, gen} ->
+        # In flight from here: a run waiting for its program to compile on the node counts, so
+        # that the runs placed meanwhile do not all pile onto a node that has none in flight yet.
+        watch_caller(ctx)
+        run = Table.start_run(ctx.tab, node)
 
-      case executable(ctx, plan, node, gen) do
-        {:ok, exe} ->
-          send_run(ctx, plan, attempt, tried, node, exe, run)
+        case executable(ctx, plan, node, gen) do
+          {:ok, exe} ->
+            send_run(ctx, plan, attempt, tried, node, exe, run)
 
-        # The node went down while the pool compiled the program there: nothing ran.
-        {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
-          Table.end_run(ctx.tab, run)
-          Table.count(ctx.tab, node, :failures)
-          failover(ctx, plan, attempt, tried, node, error, false)
+          # The node went down while the pool compiled the program there: nothing ran.
+          {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
+            Table.end_run(ctx.tab, run)
+            Table.count(ctx.tab, node, :failures)
+            failover(ctx, plan, attempt, tried, node, error, false)
 
-        {:error, _} = error ->
-          Table.end_run(ctx.tab, run)
-          error
-      end
+          {:error, _} = error ->
+            Table.end_run(ctx.tab, run)
+            {error, %{node: node, attempts: attempt}}
+        end
+
+      error ->
+        {error, %{node: List.first(tried), attempts: attempt - 1}}
     end
   end
 
@@ -118,10 +126,11 @@ defmodule XlaNode.Pool.Dispatch do
         do: Keyword.put(plan.node_opts, :callback_server, relay),
         else: plan.node_opts
 
+    request =
+      if node_opts == [], do: {:run, exe, plan.args}, else: {:run, exe, plan.args, node_opts}
+
     started = System.monotonic_time(:microsecond)
-    # {:xla, node} rather than the bare name: it cannot be taken for a pool's name.
-    result =
-      XlaNode.run({:xla, node}, exe, plan.args, [timeout: remaining(plan.deadline)] ++ node_opts)
+    result = XlaNode.call_node(node, request, remaining(plan.deadline))
 
     elapsed = System.monotonic_time(:microsecond) - started
     Table.end_run(ctx.tab, run)
@@ -131,7 +140,7 @@ defmodule XlaNode.Pool.Dispatch do
       {:ok, _} = ok ->
         Table.count(ctx.tab, node, :runs)
         Table.record_time(ctx.tab, plan.handle.id, node, elapsed)
-        ok
+        {ok, %{node: node, attempts: attempt}}
 
       {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
         Table.count(ctx.tab, node, :failures)
@@ -139,7 +148,7 @@ defmodule XlaNode.Pool.Dispatch do
 
       {:error, error} ->
         Table.count(ctx.tab, node, :errors)
-        {:error, %{error | node: error.node || node}}
+        {{:error, %{error | node: error.node || node}}, %{node: node, attempts: attempt}}
     end
   end
 
@@ -171,7 +180,8 @@ defmodule XlaNode.Pool.Dispatch do
       end
 
     if why_not do
-      {:error, lost(node, error, "; not re-sent: " <> why_not)}
+      {{:error, lost(node, error, "; not re-sent: " <> why_not)},
+       %{node: node, attempts: attempt}}
     else
       Table.count(ctx.tab, node, :retries)
       attempt_run(ctx, plan, attempt + 1, [node | tried])
@@ -189,14 +199,8 @@ defmodule XlaNode.Pool.Dispatch do
   defp pinned_why({node, {:buffer, index, ref}}),
     do: "argument #{index}, buffer #{inspect(ref)}, was on #{node} and is lost with it"
 
-  defp lost(node, error, why) do
-    %Error{
-      kind: :nodedown,
-      reason: :nodedown,
-      node: node,
-      message: "#{node} went down before the run finished#{why} (#{error.message})"
-    }
-  end
+  defp lost(node, error, why),
+    do: Error.nodedown(node, "#{node} went down before the run finished#{why} (#{error.message})")
 
   # As XlaNode.run/4 does: a bare atom names a process registered on this node.
   defp callback_target(name) when is_atom(name), do: {name, node()}
@@ -212,7 +216,7 @@ defmodule XlaNode.Pool.Dispatch do
 
   defp check_handle(ctx, exe) when is_reference(exe) do
     {:error,
-     argument_error(
+     Error.argument_error(
        "#{inspect(exe)} is an executable of the node #{node(exe)} alone; " <>
          "run programs compiled through the pool (XlaNode.compile(#{inspect(ctx.label)}, mlir))"
      )}
@@ -220,7 +224,7 @@ defmodule XlaNode.Pool.Dispatch do
 
   defp check_handle(ctx, other) do
     {:error,
-     argument_error(
+     Error.argument_error(
        "expected an executable compiled through the pool #{inspect(ctx.label)}, got #{inspect(other, limit: 5)}"
      )}
   end
@@ -249,11 +253,13 @@ defmodule XlaNode.Pool.Dispatch do
 
         {nil, [_, _ | _] = spread} ->
           where = Enum.map_join(spread, ", ", fn {node, i, _} -> "argument #{i} on #{node}" end)
-          {:error, argument_error("the run's buffers are on different nodes: #{where}")}
+          {:error, Error.argument_error("the run's buffers are on different nodes: #{where}")}
 
         {option, [{node, i, _} | _]} ->
           {:error,
-           argument_error("node: #{inspect(option)}, but argument #{i} is a buffer on #{node}")}
+           Error.argument_error(
+             "node: #{inspect(option)}, but argument #{i} is a buffer on #{node}"
+           )}
       end
     end
   end
@@ -275,7 +281,9 @@ defmodule XlaNode.Pool.Dispatch do
   defp member(ctx, node, what) do
     if node in ctx.nodes,
       do: :ok,
-      else: {:error, argument_error("#{what.()} is not a node of the pool #{inspect(ctx.label)}")}
+      else:
+        {:error,
+         Error.argument_error("#{what.()} is not a node of the pool #{inspect(ctx.label)}")}
   end
 
   # The program's executable on `node`: from the table, or compiled there by the pool.
@@ -319,7 +327,7 @@ defmodule XlaNode.Pool.Dispatch do
               "argument #{i}, buffer #{inspect(ref)}, was on #{node}, which is down: it is lost"
           end
 
-        {:error, %Error{kind: :nodedown, reason: :nodedown, node: node, message: message}}
+        {:error, Error.nodedown(node, message)}
     end
   end
 
@@ -355,13 +363,11 @@ defmodule XlaNode.Pool.Dispatch do
     end
   end
 
-  defp none_up(%{nodes: []} = ctx, _tried) do
-    %Error{
-      kind: :no_nodes,
-      reason: :no_nodes,
-      message: "the pool #{inspect(ctx.label)} has no nodes (XlaNode.Pool.add_node/2 adds one)"
-    }
-  end
+  defp none_up(%{nodes: []} = ctx, _tried),
+    do:
+      Error.no_nodes(
+        "the pool #{inspect(ctx.label)} has no nodes (XlaNode.Pool.add_node/2 adds one)"
+      )
 
   defp none_up(ctx, tried) do
     where =
@@ -373,11 +379,7 @@ defmodule XlaNode.Pool.Dispatch do
         end
       end)
 
-    %Error{
-      kind: :nodedown,
-      reason: {:nodes_down, ctx.nodes},
-      message: "no node of the pool #{inspect(ctx.label)} is up: #{where}"
-    }
+    Error.nodes_down(ctx.nodes, "no node of the pool #{inspect(ctx.label)} is up: #{where}")
   end
 
   ## Everything else
@@ -428,18 +430,13 @@ defmodule XlaNode.Pool.Dispatch do
     cond do
       node not in ctx.nodes ->
         {:error,
-         argument_error(
+         Error.argument_error(
            "#{inspect(ref)} is on #{node}, which is not a node of the pool #{inspect(ctx.label)}"
          )}
 
       not match?({:up, _, _}, Table.load(ctx.tab, node)) ->
         {:error,
-         %Error{
-           kind: :nodedown,
-           reason: :nodedown,
-           node: node,
-           message: "#{inspect(ref)} was on #{node}, which is down: it is lost"
-         }}
+         Error.nodedown(node, "#{inspect(ref)} was on #{node}, which is down: it is lost")}
 
       true ->
         fun.(node, remaining(deadline))
@@ -447,31 +444,20 @@ defmodule XlaNode.Pool.Dispatch do
   end
 
   defp on_buffer_node(_ctx, other, _deadline, _fun),
-    do: {:error, argument_error("expected a buffer reference, got #{inspect(other, limit: 5)}")}
-
-  defp ok(:ok), do: {:ok, :ok}
-  defp ok(:pong), do: {:ok, :pong}
-  defp ok({:error, _} = error), do: error
+    do:
+      {:error,
+       Error.argument_error("expected a buffer reference, got #{inspect(other, limit: 5)}")}
 
   # The pool process's part; a pool that stopped meanwhile is an unknown pool.
   defp pool_call(ctx, request, timeout) do
     GenServer.call(ctx.pid, request, timeout)
   catch
     :exit, {:timeout, _} ->
-      {:error,
-       %Error{
-         kind: :timeout,
-         reason: :timeout,
-         message: "no reply from the pool #{inspect(ctx.label)} in time"
-       }}
+      {:error, Error.timeout("no reply from the pool #{inspect(ctx.label)} in time")}
 
     :exit, reason ->
       {:error,
-       %Error{
-         kind: :noproc,
-         reason: :noproc,
-         message: "the pool #{inspect(ctx.label)} stopped (#{inspect(reason, limit: 5)})"
-       }}
+       Error.noproc("the pool #{inspect(ctx.label)} stopped (#{inspect(reason, limit: 5)})")}
   end
 
   # The pool monitors each process that runs through it once, to settle the runs it has in
@@ -489,23 +475,16 @@ defmodule XlaNode.Pool.Dispatch do
 
   ## Errors the pool process shares
 
-  def not_up(node) do
-    %Error{kind: :nodedown, reason: :nodedown, node: node, message: "#{node} is not up"}
-  end
+  def not_up(node), do: Error.nodedown(node, "#{node} is not up")
 
-  def freed(id, label) do
-    argument_error("program #{id} of the pool #{inspect(label)} was freed")
-  end
+  def freed(id, label),
+    do: Error.argument_error("program #{id} of the pool #{inspect(label)} was freed")
 
   def foreign_handle(%Executable{pool: pool} = handle, server) do
-    argument_error(
+    Error.argument_error(
       "#{inspect(handle)} was compiled through the pool #{inspect(pool)}" <>
         if(pool == server, do: " before it restarted", else: ", not #{inspect(server)}") <>
         ": run it through the pool that compiled it"
     )
-  end
-
-  defp argument_error(message) do
-    %Error{kind: :argument_error, message: message, reason: {:argument_error, message}}
   end
 end

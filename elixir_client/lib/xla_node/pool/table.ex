@@ -2,8 +2,9 @@ defmodule XlaNode.Pool.Table do
   @moduledoc false
   # The pool's ETS table: what a caller reads to place a run and find the node's executable
   # without asking the pool process, and the counters it updates around the run. The pool
-  # process owns the table (it goes when the pool does) and alone writes node status, programs
-  # and executables; callers write only counters, run times and their runs in flight.
+  # process owns the table (it goes when the pool does) and alone writes node status (kept here
+  # only: the pool process reads it back too), programs and executables; callers write only
+  # counters, run times and their runs in flight.
   #
   # Rows (an ordered set, so that the runs of one caller are one range):
   #
