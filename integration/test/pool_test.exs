@@ -2,11 +2,15 @@ defmodule XlaNode.PoolTest do
   @moduledoc """
   `XlaNode.Pool` over three real xla_node processes: placement, failover when a node is killed
   in the middle of runs whose callbacks go to a process on a peer node, a node restarted under
-  the same name rejoining, every node down, buffers pinning runs, and bad input.
+  the same name rejoining, a run's one `:telemetry` span, every node down, buffers pinning runs,
+  and bad input.
   """
   use ExUnit.Case, async: false
 
   alias XlaNode.{Error, Harness, Pool, PoolHelpers, Tensor}
+
+  # :telemetry is there only when TELEMETRY_PATH is (see XlaNode.TelemetryLibrary).
+  @compile {:no_warn_undefined, [:telemetry, :telemetry_test]}
 
   @moduletag timeout: 300_000
 
@@ -200,6 +204,57 @@ defmodule XlaNode.PoolTest do
 
     assert runs_per_node(pool)[victim.name] > before
     assert status_of(pool, victim.name).executables == 1
+  end
+
+  if reason = XlaNode.TelemetryLibrary.unavailable() do
+    IO.puts("XlaNode.PoolTest: the :telemetry test is skipped: #{reason}")
+  end
+
+  @tag skip: XlaNode.TelemetryLibrary.unavailable()
+  test "a run through the pool is one :telemetry span, with its attempts and its last node",
+       %{pool: pool, xlas: [victim | _], names: names} do
+    :ok = XlaNode.TelemetryLibrary.start()
+    events = [[:xla_node, :run, :start], [:xla_node, :run, :stop]]
+    ref = :telemetry_test.attach_event_handlers(self(), events)
+    on_exit(fn -> :telemetry.detach(ref) end)
+    busy = XlaNode.compile!(pool, PoolHelpers.busy_sum(50_000_000))
+    tagged = [telemetry_metadata: %{test: ref}]
+
+    [_] = XlaNode.run!(pool, busy, [s64([1, 2, 3, 4])], tagged)
+    assert_receive {[:xla_node, :run, :start], ^ref, _, %{node: nil, server: ^pool, test: ^ref}}
+    assert_receive {[:xla_node, :run, :stop], ^ref, _, %{attempts: 1, error: nil} = stop}
+    assert stop.node in names
+    refute_received {[:xla_node, :run, _], ^ref, _, _}
+
+    # Runs in flight on a node that is killed go to another: still one span each, counting both
+    # attempts.
+    runner =
+      Task.async(fn ->
+        1..30
+        |> Task.async_stream(&XlaNode.run(pool, busy, [s64([&1, 0, 0, 0])], tagged),
+          max_concurrency: 9,
+          timeout: :infinity
+        )
+        |> Enum.map(fn {:ok, result} -> result end)
+      end)
+
+    Harness.eventually(fn -> status_of(pool, victim.name).in_flight >= 2 end, 60_000, 5) ||
+      flunk("no run went to #{victim.name}: #{inspect(Pool.status(pool))}")
+
+    Harness.stop_node(victim, "KILL")
+    assert Enum.all?(Task.await(runner, :infinity), &match?({:ok, [_]}, &1))
+
+    stops =
+      for _ <- 1..30 do
+        assert_receive {[:xla_node, :run, :stop], ^ref, _, %{test: ^ref} = stop}, 10_000
+        stop
+      end
+
+    refute_received {[:xla_node, :run, :stop], ^ref, _, _}
+    resent = Enum.filter(stops, &(&1.attempts > 1))
+    assert resent != []
+    assert length(resent) == Pool.status(pool).retries
+    assert Enum.all?(resent, &(&1.attempts == 2 and &1.node != victim.name and &1.node in names))
   end
 
   test "every node down: a clear error naming them", %{pool: pool, xlas: xlas, names: names} do
