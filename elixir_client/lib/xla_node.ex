@@ -477,20 +477,23 @@ defmodule XlaNode do
     do: :ok
 
   defp check_name(what, name),
-    do: argument_error("the kernel #{what} must be a non-empty string, got: #{inspect(name)}")
+    do:
+      {:error,
+       Error.argument_error(
+         "the kernel #{what} must be a non-empty string, got: #{inspect(name)}"
+       )}
 
   defp check_path(path) when is_binary(path) or is_list(path) do
     if IO.chardata_to_string(path) != "",
       do: :ok,
-      else: argument_error("the kernel path must not be empty")
+      else: {:error, Error.argument_error("the kernel path must not be empty")}
   rescue
-    ArgumentError -> argument_error("the kernel path must be a string, got: #{inspect(path)}")
+    ArgumentError ->
+      {:error, Error.argument_error("the kernel path must be a string, got: #{inspect(path)}")}
   end
 
   defp check_path(path),
-    do: argument_error("the kernel path must be a string, got: #{inspect(path)}")
-
-  defp argument_error(message), do: {:error, Error.argument_error(message)}
+    do: {:error, Error.argument_error("the kernel path must be a string, got: #{inspect(path)}")}
 
   defp bang({:ok, value}), do: value
   defp bang({:error, %Error{} = error}), do: raise(error)
