@@ -24,19 +24,25 @@ defmodule XlaNode.Transfer do
   """
   def call(target, {:to_device, {data, {type, dims}}} = request, timeout)
       when is_bitstring(data) do
-    if bit_size(data) > 8 * chunk_bytes(target, timeout) do
-      upload(target, data, {type, dims}, timeout)
-    else
-      GenServer.call(target, request, timeout)
+    case chunk_bytes(target, timeout) do
+      chunk when is_integer(chunk) and bit_size(data) > 8 * chunk ->
+        upload(target, data, {type, dims}, chunk, timeout)
+
+      _ ->
+        GenServer.call(target, request, timeout)
     end
   end
 
-  def call(target, {:read, buffer}, timeout) do
-    chunk = chunk_bytes(target, timeout)
+  def call(target, {:read, buffer} = request, timeout) do
+    case chunk_bytes(target, timeout) do
+      nil ->
+        GenServer.call(target, request, timeout)
 
-    case GenServer.call(target, {:read, buffer, [chunk_bytes: chunk]}, timeout) do
-      {:ok, {:chunks, shape, count, stream}} -> receive_chunks(stream, shape, count, timeout)
-      other -> other
+      chunk ->
+        case GenServer.call(target, {:read, buffer, [chunk_bytes: chunk]}, timeout) do
+          {:ok, {:chunks, shape, count, stream}} -> receive_chunks(stream, shape, count, timeout)
+          other -> other
+        end
     end
   end
 
@@ -44,11 +50,12 @@ defmodule XlaNode.Transfer do
 
   @doc """
   The largest chunk sent to or read from `target`: 32 MiB, or the node's message limit less
-  room for the message around it.
+  room for the message around it; `nil` for a node that does not say its limit (one without
+  chunked transfers), to which tensors go whole.
   """
   def chunk_bytes(target, timeout) do
     case max_message_bytes(target, timeout) do
-      nil -> @chunk_bytes
+      nil -> nil
       limit -> max(min(@chunk_bytes, limit - @envelope_bytes), 1024)
     end
   end
@@ -78,10 +85,9 @@ defmodule XlaNode.Transfer do
   defp node_of(pid) when is_pid(pid), do: node(pid)
   defp node_of(name) when is_atom(name), do: node()
 
-  defp upload(target, data, shape, timeout) do
+  defp upload(target, data, shape, chunk, timeout) do
     case GenServer.call(target, {:upload, shape}, timeout) do
       {:ok, upload} ->
-        chunk = chunk_bytes(target, timeout)
         data |> whole_bytes() |> send_chunks(target, upload, chunk)
         GenServer.call(target, {:upload_done, upload}, timeout)
 
