@@ -4,6 +4,7 @@ defmodule XlaNode.MLIRTest do
   alias XlaNode.MLIR, as: M
 
   doctest XlaNode.MLIR
+  doctest XlaNode.MLIR.CPUFaults
 
   @f32 {:f, 32}
 

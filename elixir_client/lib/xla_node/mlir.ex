@@ -90,7 +90,7 @@ defmodule XlaNode.MLIR do
 
   import Kernel, except: [abs: 1, floor: 1, ceil: 1]
 
-  alias XlaNode.MLIR.Value
+  alias XlaNode.MLIR.{CPUFaults, Value}
   alias XlaNode.{Options, Tensor}
 
   @state :xla_node_mlir
@@ -399,14 +399,6 @@ defmodule XlaNode.MLIR do
   defp i64_array(list), do: "array<i64: #{Enum.join(list, ", ")}>"
   defp i64_list(list), do: "[#{Enum.join(list, ", ")}]"
 
-  # Ops that XLA's CPU backend cannot run on 2-bit integers (see the moduledoc).
-  defp not_two_bit!(op, values, why) do
-    if Enum.any?(values, fn %{type: {elem, _}} -> Tensor.element_bits(elem) == 2 end) do
-      raise ArgumentError,
-            "#{op} of 2-bit integers (#{Enum.map_join(values, ", ", &type_text(&1.type))}): " <>
-              "#{why}; convert them to s8/u8 first"
-    end
-  end
 
   defp mismatch!(op, values, expected) do
     raise ArgumentError,
@@ -928,7 +920,7 @@ defmodule XlaNode.MLIR do
   @doc "`stablehlo.concatenate` along `dimension`."
   def concatenate([_ | _] = values, dimension) do
     values = Enum.map(values, &value!("stablehlo.concatenate", &1))
-    not_two_bit!("stablehlo.concatenate", values, "XLA's CPU compiler aborts on it")
+    CPUFaults.check!(:concatenate, "stablehlo.concatenate", values)
     [{elem, dims} | _] = Enum.map(values, & &1.type)
     drop = fn d -> List.delete_at(d, dimension) end
 
@@ -995,7 +987,7 @@ defmodule XlaNode.MLIR do
       )
 
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.dot_general", &1))
-    not_two_bit!("stablehlo.dot_general", [lhs, rhs], "XLA's CPU backend has no kernel for it")
+    CPUFaults.check!(:dot, "stablehlo.dot_general", [lhs, rhs])
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
     {lb, rb} = Keyword.get(opts, :batch, {[], []})
@@ -1081,11 +1073,7 @@ defmodule XlaNode.MLIR do
     opts = options!(opts, "sort/4", stable: :boolean)
     operands = Enum.map(List.wrap(operands), &value!("stablehlo.sort", &1))
 
-    not_two_bit!(
-      "stablehlo.sort",
-      operands,
-      "XLA's CPU backend sorts them wrongly, writing outside its buffers"
-    )
+    CPUFaults.check!(:sort, "stablehlo.sort", operands)
 
     [{_, dims} | _] = Enum.map(operands, & &1.type)
 
@@ -1475,7 +1463,7 @@ defmodule XlaNode.MLIR do
       )
 
     [lhs, rhs] = Enum.map([lhs, rhs], &value!("stablehlo.convolution", &1))
-    not_two_bit!("stablehlo.convolution", [lhs, rhs], "XLA's CPU backend has no kernel for it")
+    CPUFaults.check!(:conv, "stablehlo.convolution", [lhs, rhs])
     {elem, ldims} = lhs.type
     {relem, rdims} = rhs.type
     n = length(ldims) - 2
@@ -1673,11 +1661,7 @@ defmodule XlaNode.MLIR do
     x = value!("chlo.top_k", x)
     {elem, dims} = x.type
 
-    if Tensor.element_bits(elem) < 8 do
-      raise ArgumentError,
-            "chlo.top_k: XLA's CPU backend cannot compile it on 2- or 4-bit integers, " <>
-              "got #{type_text(x.type)}; convert to s8/u8 first"
-    end
+    CPUFaults.check!(:top_k, "chlo.top_k", [x])
 
     if dims == [] or k > List.last(dims),
       do: mismatch!("chlo.top_k", [x], "a last dimension of at least #{k}")

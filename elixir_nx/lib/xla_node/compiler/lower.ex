@@ -889,26 +889,12 @@ defmodule XlaNode.Compiler.Lower do
     end
   end
 
-  # The element type `op` runs in on the node for a result (or operand) of `type`. XLA's CPU
-  # backend
-  #   * cannot concatenate, sort, dot or convolve 2-bit integers, nor take the top_k of 2- or
-  #     4-bit ones (XlaNode.MLIR raises on them), nor compile an argmax or argmin (a reduce of
-  #     two operands) of 2-bit ones;
-  #   * compiles a transpose of 2- or 4-bit integers that it makes a copy (as for a result among
-  #     several, or around a gather or scatter) to a copy that throws (a compile error);
-  # those run on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It
-  # has no erfc of 8-bit floats: theirs runs on f32.
-  defp computed_in(op, {kind, 2})
-       when op in [:concatenate, :sort, :dot, :conv, :argmax] and kind in [:s, :u],
-       do: {kind, 8}
-
+  # The element type `op` runs in on the node for a result (or operand) of `type`: the ops XLA's
+  # CPU backend cannot compute on 2- and 4-bit integers (listed in XlaNode.MLIR.CPUFaults) run
+  # on 8-bit integers of the same signedness (narrowing back wraps, as Nx does). It has no erfc
+  # of 8-bit floats: theirs runs on f32.
   defp computed_in(:erfc, {f8, 8}) when f8 in [:f, :f8_e4m3fn], do: {:f, 32}
-
-  defp computed_in(op, {kind, bits})
-       when op in [:top_k, :transpose, :gather, :scatter] and kind in [:s, :u] and bits < 8,
-       do: {kind, 8}
-
-  defp computed_in(_op, type), do: type
+  defp computed_in(op, type), do: XlaNode.MLIR.CPUFaults.computed_in(op, type)
 
   # `fun` of `values` converted to the type `op` runs in for `type`, and its result in `type`.
   defp in_wide(op, type, values, fun) do
