@@ -316,6 +316,25 @@ impl Passage<'_> {
             Passage::WithoutCallbacks(_window) => run.execute(),
         }
     }
+
+    /// [`Passage::execute`], handing the results over as soon as XLA's `Execute` has returned
+    /// ([`Run::execute_handing_over`]) for a run without callbacks; a run that calls back hands
+    /// them over once complete, so that its callbacks are over before its caller hears of it.
+    /// Either way the run leaves the gate, and gives its place back, only once complete: the
+    /// node's count of runs in flight never falls below XLA's.
+    pub fn execute_handing_over(
+        self,
+        run: &Run,
+        hand_over: &mut dyn FnMut(Vec<Buffer>),
+    ) -> Result<(), XlaError> {
+        match self {
+            Passage::WithoutCallbacks(_window) => run.execute_handing_over(&mut |_| {}, hand_over),
+            calling_back => {
+                hand_over(calling_back.execute(run)?);
+                Ok(())
+            }
+        }
+    }
 }
 
 impl Drop for Place {

@@ -98,6 +98,10 @@ pub struct Executable {
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
 
+/// Takes a run's results once `Execute` has returned, before they are computed (see
+/// [`Run::execute_handing_over`](super::Run::execute_handing_over)).
+pub(crate) type HandOver<'a> = &'a mut dyn FnMut(Vec<Buffer>);
+
 /// An argument of a run: a host array, copied to the device for the run, or a buffer already
 /// there.
 #[derive(Debug, Clone)]
@@ -386,10 +390,16 @@ impl Executable {
     /// CPU client runs a small program on the calling thread, within `Execute`, and queues a
     /// larger one (or one submitted while an earlier one is still queued) for its own threads,
     /// where it runs after every computation queued before it.
+    ///
+    /// With `hand_over`, the results go to it as soon as `Execute` has returned, while XLA may
+    /// still compute them, and this returns no buffers: it still waits for completion (the
+    /// arguments stay borrowed until then) and returns the error XLA reports there, which the
+    /// handed buffers carry too: awaiting one ([`Buffer::await_ready`], any read) returns it.
     fn execute(
         &self,
         args: &[&Buffer],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
@@ -436,6 +446,18 @@ impl Executable {
                 direct,
             ));
         }
+        if let Some(hand_over) = hand_over {
+            if let Some(err) = first_err {
+                // Outputs dropped here go once the run is done with them (PJRT defers it).
+                drop(outputs);
+                api.await_and_destroy(complete[0]).ok();
+                return Err(err);
+            }
+            hand_over(outputs);
+            api.await_and_destroy(complete[0])
+                .map_err(XlaError::Runtime)?;
+            return Ok(Vec::new());
+        }
         if let Err(msg) = api.await_and_destroy(complete[0]) {
             first_err.get_or_insert(XlaError::Runtime(msg));
         }
@@ -464,6 +486,7 @@ impl Executable {
         &self,
         args: &[Argument],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         let host_bytes: usize = args
             .iter()
@@ -475,7 +498,7 @@ impl Executable {
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
             let taken = self.staging.lock().expect("staging lock").pop();
             let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, args, launched);
+            let result = self.run_staged(&mut set, args, launched, hand_over);
             let mut pool = self.staging.lock().expect("staging lock");
             if pool.len() < STAGING_MAX_SETS {
                 pool.push(set);
@@ -492,7 +515,11 @@ impl Executable {
                 Argument::Device(_) => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.execute(&Self::argument_buffers(args, &uploaded), launched)
+        self.execute(
+            &Self::argument_buffers(args, &uploaded),
+            launched,
+            hand_over,
+        )
     }
 
     /// [`Executable::run_checked`] with host arguments copied into `set`'s
@@ -503,6 +530,7 @@ impl Executable {
         set: &mut [Option<Buffer>],
         args: &[Argument],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         for (slot, arg) in set.iter_mut().zip(args) {
             if let Argument::Host(t) = arg {
@@ -512,7 +540,7 @@ impl Executable {
                 }
             }
         }
-        self.execute(&Self::argument_buffers(args, set), launched)
+        self.execute(&Self::argument_buffers(args, set), launched, hand_over)
     }
 
     /// The buffers to execute with: device arguments as given, host arguments
