@@ -44,7 +44,10 @@ defmodule XlaNode.Compiler do
       pass into the next call without moving them. Default: `true` when the process's default
       backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
       and in an `Nx.Serving` (its batches run in tasks that exit once they have replied, and
-      a buffer goes with the process that made it)
+      a buffer goes with the process that made it). Where the default backend decides it,
+      results of 64 bytes or less (a loss) come back in the same reply instead, inline behind
+      `XlaNode.Backend` tensors, so that reading them asks the node nothing; `true` given keeps
+      every result
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
@@ -141,10 +144,16 @@ defmodule XlaNode.Compiler do
 
     hooks = Keyword.get(opts, :hooks, %{})
 
+    # Small results come back inline where the results stay on the node because the caller's
+    # backend is XlaNode.Backend; `keep_on_device: true` given keeps every one (the backend's
+    # eager operations and :split's stages give it).
+    keep? = keep_on_device?(opts)
+    inline? = keep? and not Keyword.has_key?(opts, :keep_on_device)
+
     run_opts =
       opts
       |> Keyword.take([:callback_timeout, :queue_timeout])
-      |> Keyword.put(:keep_on_device, keep_on_device?(opts))
+      |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(cache_key))
 
     timeout = Keyword.get(opts, :timeout, :infinity)
@@ -152,7 +161,7 @@ defmodule XlaNode.Compiler do
     fn [params] ->
       args = params |> Enum.map(& &1.()) |> Transfer.args(node)
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
-      [from_client(results, outputs, node)]
+      [from_client(results, outputs, node, inline?)]
     end
   end
 
@@ -276,10 +285,25 @@ defmodule XlaNode.Compiler do
     end
   end
 
-  # Results come as tensors, or as buffers with keep_on_device: true.
-  defp from_client(results, {structure, templates}, node) do
+  # Which results a run keeps on the node when its tensors are to be `XlaNode.Backend`'s (`keep?`):
+  # all, or with `inline?` all but the small ones (`Transfer.inline?/1`), which come back in the
+  # run's reply and stay here, so that reading a loss needs no request of its own.
+  defp kept_results(false, _inline?, _outputs), do: false
+  defp kept_results(true, false, _outputs), do: true
+
+  defp kept_results(true, true, {_structure, templates}) do
+    kept = for {t, i} <- Enum.with_index(templates), not Transfer.inline?(t), do: i
+    if length(kept) == length(templates), do: true, else: kept
+  end
+
+  # Results come as tensors (inline `XlaNode.Backend` ones where the rest stay on the node),
+  # or as buffers.
+  defp from_client(results, {structure, templates}, node, inline?) do
     tensors =
       Enum.zip_with(results, templates, fn
+        {data, _}, template when inline? ->
+          Transfer.inline(template, node, data)
+
         {data, _}, template ->
           Transfer.host_tensor(template, data)
 
