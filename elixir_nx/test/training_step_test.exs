@@ -111,6 +111,22 @@ defmodule XlaNode.TrainingStepTest do
     end
   end
 
+  test "wait: true: a run whose results all stay on the node returns once they are computed" do
+    f =
+      Nx.Defn.jit(&Nx.multiply(&1, 2),
+        compiler: XlaNode.Compiler,
+        node: xla(),
+        keep_on_device: true,
+        wait: true
+      )
+
+    y = f.(Nx.iota({64}, type: :f32))
+    assert %XlaNode.Backend{buffer: buffer} = y.data
+    assert is_reference(buffer)
+    assert Nx.to_flat_list(y) == Enum.map(0..63, &(&1 * 2.0))
+    assert Nx.backend_deallocate(y) == :ok
+  end
+
   test "results of 64 bytes or less come back inline in the run's reply; larger ones stay" do
     Task.async(fn ->
       Nx.default_backend({XlaNode.Backend, node: xla()})

@@ -53,6 +53,9 @@ defmodule XlaNode.Compiler do
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
     * `:timeout` - how long to wait for the run's result, in milliseconds or `:infinity`
       (default `:infinity`)
+    * `:wait` - `true`: a run whose results all stay on the node returns once they are
+      computed; by default it returns once the node has launched it (their buffers carry their
+      readiness: reading one, or a run that takes one, waits for it), see `XlaNode.run/4`
 
   Any other option raises `ArgumentError`, naming the valid ones, except those Nx itself passes
   through to a compiler (see `XlaNode.Compiler.Options`).
@@ -152,7 +155,7 @@ defmodule XlaNode.Compiler do
 
     run_opts =
       opts
-      |> Keyword.take([:callback_timeout, :queue_timeout])
+      |> Keyword.take([:callback_timeout, :queue_timeout, :wait])
       |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(cache_key))
 

@@ -16,7 +16,8 @@ defmodule XlaNode.Compiler.Options do
     queue_timeout: :timeout,
     hooks: :map,
     keep_on_device: :boolean,
-    timeout: :timeout
+    timeout: :timeout,
+    wait: :boolean
   ]
   @from_nx [batch_keys: :any, compiler: :any, on_conflict: :any]
 
