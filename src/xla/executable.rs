@@ -505,21 +505,45 @@ impl Executable {
             }
             return result;
         }
-        let uploaded = args
+        // Off the CPU, every host argument's copy is started, and none awaited, before
+        // `Execute`: the run queues behind the copies (XLA orders it after each buffer's
+        // definition), and the copies are awaited once the run is done with them. On the CPU
+        // plugin runs were slower so, not faster (measured: docs/performance.md).
+        let defer = !self.client.inner().is_cpu;
+        let uploads = args
             .iter()
             .map(|arg| match arg {
-                Argument::Host(t) => self
-                    .client
-                    .buffer_from_host(&t.data, t.dtype, &t.dims)
-                    .map(Some),
+                Argument::Host(t) => {
+                    let mut upload = self.client.upload(&t.data, t.dtype, &t.dims)?;
+                    if !defer {
+                        upload.wait()?;
+                    }
+                    Ok(Some(upload))
+                }
                 Argument::Device(_) => Ok(None),
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.execute(
-            &Self::argument_buffers(args, &uploaded),
-            launched,
-            hand_over,
-        )
+            .collect::<Result<Vec<_>, XlaError>>()?;
+        let buffers = args
+            .iter()
+            .zip(&uploads)
+            .map(|(arg, upload)| match (arg, upload) {
+                (Argument::Device(b), _) => &**b,
+                (Argument::Host(_), upload) => upload
+                    .as_ref()
+                    .expect("one upload per host argument")
+                    .buffer(),
+            })
+            .collect::<Vec<_>>();
+        let outputs = self.execute(&buffers, launched, hand_over);
+        drop(buffers);
+        let copied = uploads
+            .into_iter()
+            .flatten()
+            .try_for_each(|upload| upload.finish().map(drop));
+        // A failed copy fails the run that read it too: the run's error says more.
+        let outputs = outputs?;
+        copied?;
+        Ok(outputs)
     }
 
     /// [`Executable::run_checked`] with host arguments copied into `set`'s
