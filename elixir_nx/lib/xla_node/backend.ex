@@ -106,7 +106,7 @@ defmodule XlaNode.Backend do
           x |> Nx.multiply(w) |> Nx.subtract(y) |> Nx.pow(2) |> Nx.mean()
         end)
   """
-  @spec scope((() -> result)) :: result when result: term()
+  @spec scope((-> result)) :: result when result: term()
   def scope(fun), do: Scope.run(fun)
 
   @doc """
