@@ -223,7 +223,8 @@ node_call = fn kind, style ->
   {fun, call_params} =
     case style do
       :tensors -> {jit.(kind, []), params}
-      :kept -> {jit.(kind, keep_on_device: true), params_on_node}
+      # wait: true: timed until the results are computed, as JAX's block_until_ready.
+      :kept -> {jit.(kind, keep_on_device: true, wait: true), params_on_node}
     end
 
   fn ->
@@ -269,8 +270,8 @@ per_call_rows =
   end
 
 # Training steps with the params on the node (XlaNode.Backend the default backend, as a user
-# configures it): per step the batch goes and the loss comes back; the new params stay there
-# and the old ones are freed. JAX's step keeps its params on the device the same way. Both
+# configures it): per step the batch goes and the loss comes back in the run's reply; the new
+# params stay there and the old ones are freed with one cast (XlaNode.Backend.free_all/1). JAX's step keeps its params on the device the same way. Both
 # sides take the same steps from the same params, so their losses agree step by step.
 train_pairs = 60
 
@@ -278,6 +279,12 @@ dist_bytes = fn ->
   {_, port} = List.keyfind(:erlang.system_info(:dist_ctrl), xla, 0)
   {:ok, [send_oct: sent, recv_oct: received]} = :inet.getstat(port, [:send_oct, :recv_oct])
   {sent, received}
+end
+
+# Messages through the node's connections, by its own counters.
+node_messages = fn ->
+  {:ok, %{traffic: %{received_messages: received, sent_messages: sent}}} = XlaNode.info(xla)
+  {received, sent}
 end
 
 train_rows =
@@ -293,7 +300,7 @@ train_rows =
               {new_params, Nx.to_number(loss)}
             end)
 
-          Nx.backend_deallocate(params)
+          XlaNode.Backend.free_all(params)
           result
         end)
 
@@ -314,6 +321,9 @@ train_rows =
         params
       end)
 
+    # What two :info calls in a row cost, taken off the count of the steps' messages.
+    {in0, out0} = node_messages.()
+    {in1, out1} = node_messages.()
     bytes_before = dist_bytes.()
 
     {samples, params} =
@@ -331,7 +341,9 @@ train_rows =
 
     {sent, received} = dist_bytes.()
     {sent, received} = {sent - elem(bytes_before, 0), received - elem(bytes_before, 1)}
-    Nx.backend_deallocate(params)
+    {in2, out2} = node_messages.()
+    {messages_in, messages_out} = {in2 - in1 - (in1 - in0), out2 - out1 - (out1 - out0)}
+    XlaNode.Backend.free_all(params)
 
     {j, n} = {Stats.median(Enum.map(samples, &elem(&1, 0))), Stats.median(Enum.map(samples, &elem(&1, 1)))}
     pair_ratio = Stats.median(Enum.map(samples, fn {j, n, _, _} -> n / j end))
@@ -346,7 +358,8 @@ train_rows =
       "training step (value_and_grad of the loss, SGD), params on the node (XlaNode.Backend) against params on JAX's device, #{train_pairs} pairs alternating; medians:",
       "  XlaNode.Compiler: #{Stats.ms(n)}   JAX: #{Stats.ms(j)}   ratio #{Stats.ratio(n, j)} (median of pair ratios #{Stats.ratio(pair_ratio, 1)})  (target <= 1.1x)",
       "  loss #{Stats.sci(first_loss)} -> #{Stats.sci(last_loss)} over the pairs; largest relative difference from JAX's loss at the same step: #{Stats.sci(loss_diff)}",
-      "  on the connection per step: #{kib.(sent / train_pairs)} sent, #{kib.(received / train_pairs)} received (the batch x, y is #{kib.(batch_bytes)}; the params #{kib.(params_bytes)})"
+      "  on the connection per step: #{kib.(sent / train_pairs)} sent, #{kib.(received / train_pairs)} received (the batch x, y is #{kib.(batch_bytes)}; the params #{kib.(params_bytes)})",
+      "  messages per step, by the node's counters: #{messages_in / train_pairs} in, #{messages_out / train_pairs} out (a call is 3 in and 1 out, a cast 1 in)"
     ]
   end)
 

@@ -1316,3 +1316,54 @@ fn device_upload_in_pieces() {
         .unwrap();
     assert_eq!(again.to_host_tensor().unwrap().data, bytes);
 }
+
+/// A run's results handed over once `Execute` has returned, before a large program completes:
+/// readable (a read waits for them), usable as the next run's arguments, and the call itself
+/// returns only once the run has completed.
+#[test]
+fn results_handed_over_at_launch_carry_their_readiness() {
+    let exe = compile(
+        r#"
+func.func @main(%s: tensor<f32>) -> tensor<512x512xf32> {
+  %a = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<512x512xf32>
+  %b = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+  %c = stablehlo.dot_general %b, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+  return %c : tensor<512x512xf32>
+}
+"#,
+    );
+    let scalar = |v: f32| HostTensor::new(DType::F32, vec![], v.to_le_bytes().to_vec());
+    let run = Run::new(exe.clone(), vec![], vec![Argument::Host(scalar(0.25))]).unwrap();
+    let mut handed = Vec::new();
+    run.execute_handing_over(&mut |_| {}, &mut |outputs| handed = outputs)
+        .unwrap();
+    assert_eq!(handed.len(), 1);
+    let first = Arc::new(handed.pop().unwrap());
+    // 0.25^3 * 512^2: exact in f32.
+    let expected = (0.25f32.powi(3) * 512.0 * 512.0).to_le_bytes();
+    assert_eq!(first.to_host().unwrap()[..4], expected);
+
+    // A handed buffer as the argument of a run whose results are handed over too.
+    let sum = compile(
+        r#"
+func.func @main(%x: tensor<512x512xf32>) -> tensor<f32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %t = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<512x512xf32>, tensor<f32>) -> tensor<f32>
+  return %t : tensor<f32>
+}
+"#,
+    );
+    let fresh = Run::new(exe.clone(), vec![], vec![Argument::Host(scalar(0.25))]).unwrap();
+    let mut pending = Vec::new();
+    fresh
+        .execute_handing_over(&mut |_| {}, &mut |outputs| pending = outputs)
+        .unwrap();
+    let pending = Arc::new(pending.pop().unwrap());
+    let total = Run::new(sum, vec![], devices(&[&pending])).unwrap();
+    let mut totals = Vec::new();
+    total
+        .execute_handing_over(&mut |_| {}, &mut |outputs| totals = outputs)
+        .unwrap();
+    let expected = (0.25f32.powi(3) * 512.0 * 512.0 * 512.0 * 512.0).to_le_bytes();
+    assert_eq!(totals[0].to_host().unwrap(), expected);
+}

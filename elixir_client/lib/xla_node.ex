@@ -62,7 +62,8 @@ defmodule XlaNode do
   @default_timeout 60_000
 
   @run_options [
-    keep_on_device: :boolean,
+    keep_on_device: :boolean_or_indices,
+    wait: :boolean,
     callback_server: :process,
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
@@ -146,13 +147,21 @@ defmodule XlaNode do
   Runs an executable.
 
   `args` are tensors (`{binary, {type, dims}}`) or device buffers, one per parameter of the
-  program. Returns the results in order: tensors, or buffer references with
-  `keep_on_device: true`.
+  program. Returns the results in order: tensors, or buffer references for the results kept on
+  the device (`:keep_on_device`).
 
   Options:
 
-    * `:keep_on_device` - a boolean: leave the results on the device and return buffers
-      (default `false`)
+    * `:keep_on_device` - `true`: leave every result on the device and return buffers; a list
+      of result indices (distinct, from 0): keep those, return the others as tensors, in the same
+      reply (a training step's new parameters stay, its loss comes back); `false` (the default):
+      return tensors. The node answers `:argument_error` for an index the program has no result
+      for
+    * `:wait` - `true`: answer only once the run has completed. By default a run whose results
+      all stay on the device, of a program without host callbacks, is answered as soon as the
+      node has launched it; its buffers carry their readiness, so the next read or run that uses
+      one waits for it, and an error XLA reports at completion comes back there (default
+      `false`)
     * `:callback_server` - the process that serves the program's host callbacks, usually an
       `XlaNode.CallbackServer`: a pid, `{name, node}`, or a bare atom, which is taken as a name
       registered on *this* node (`{name, node()}`). The node supplies the callback handle
@@ -184,6 +193,9 @@ defmodule XlaNode do
 
       {:ok, [buf]} = XlaNode.run(:"xla@host", exe, [x], keep_on_device: true)
       {:ok, [z]} = XlaNode.run(:"xla@host", exe, [buf])
+
+      # A training step: new params (results 0 and 1) stay, the loss (2) comes back.
+      {:ok, [w, b, {loss, _}]} = XlaNode.run(:"xla@host", step, [w, b, batch], keep_on_device: [0, 1])
   """
   @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
           {:ok, [tensor() | buffer()]} | error()

@@ -18,7 +18,8 @@ defmodule XlaNode.OptionsTest do
     :keep_on_device,
     :queue_timeout,
     :telemetry_metadata,
-    :timeout
+    :timeout,
+    :wait
   ]
 
   # {name in the message, fun of the options, the valid options}
@@ -127,7 +128,11 @@ defmodule XlaNode.OptionsTest do
           {fn -> XlaNode.compile(s, "m", timeout: -1) end,
            "XlaNode.compile/3: option :timeout must be a non-negative integer (milliseconds) or :infinity, got: -1"},
           {fn -> XlaNode.run(s, exe, [], keep_on_device: :yes) end,
-           "XlaNode.run/4: option :keep_on_device must be a boolean, got: :yes"},
+           "XlaNode.run/4: option :keep_on_device must be a boolean or a list of distinct non-negative integers (result indices), got: :yes"},
+          {fn -> XlaNode.run(s, exe, [], keep_on_device: [0, 2, 0]) end,
+           "XlaNode.run/4: option :keep_on_device must be a boolean or a list of distinct non-negative integers (result indices), got: [0, 2, 0]"},
+          {fn -> XlaNode.run(s, exe, [], wait: 1) end,
+           "XlaNode.run/4: option :wait must be a boolean, got: 1"},
           {fn -> XlaNode.run(s, exe, [], callback_server: "cb") end,
            "XlaNode.run/4: option :callback_server must be a pid, a registered name (an atom) or {name, node}, got: \"cb\""},
           {fn -> XlaNode.run(s, exe, [], callback_server: nil) end,

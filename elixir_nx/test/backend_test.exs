@@ -357,8 +357,10 @@ defmodule XlaNode.BackendTest do
         Task.async(fn ->
           send(parent, :running)
 
+          # The node answers the product once launched (its result stays there); reading the
+          # result waits for it.
           try do
-            Nx.dot(t, t)
+            t |> Nx.dot(t) |> Nx.to_binary()
           rescue
             e in XlaNode.Error -> e
           end

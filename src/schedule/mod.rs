@@ -18,7 +18,11 @@
 //! 5. **At its callbacks** (runs that call back): each custom call sends a message and waits for
 //!    the reply (`dispatch::wait`); the first on the run's own thread tells the gate
 //!    ([`CallingBackRun::called_back_on_run_thread`]), so that runs behind it go on.
-//! 6. **Replied to** from its executor thread; dropping its [`Place`] admits the next queued runs.
+//! 6. **Replied to** from its executor thread: once it completed, or, for a run whose results all
+//!    stay on the device and that does not call back, once `Execute` has returned
+//!    ([`Passage::execute_handing_over`]; the caller's next use of a buffer waits for it). Either
+//!    way the run holds its place until it has completed; dropping its [`Place`] then admits the
+//!    next queued runs.
 //!
 //! The rule everything follows: **the network side never waits on XLA.** Connection
 //! readers and writers, ticks, `net_kernel`, the `:xla` server's request intake and the delivery
@@ -36,7 +40,8 @@
 //! | a queued run still waiting after its `queue_timeout` | answered `{:error, {:timeout, text}}` | a run never hangs; the timer is the runtime's, which never waits on XLA |
 //! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread is slow to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
 //!
-//! Every run counts from admission until its reply is sent, which is after XLA is done with it,
+//! Every run counts from admission until it has completed and its reply is sent, which is after
+//! XLA is done with it,
 //! so the node's count of runs in flight is never below XLA's: an admitted `Execute` never waits
 //! for a place.
 //!
@@ -314,6 +319,25 @@ impl Passage<'_> {
                 outputs
             }
             Passage::WithoutCallbacks(_window) => run.execute(),
+        }
+    }
+
+    /// [`Passage::execute`], handing the results over as soon as XLA's `Execute` has returned
+    /// ([`Run::execute_handing_over`]) for a run without callbacks; a run that calls back hands
+    /// them over once complete, so that its callbacks are over before its caller hears of it.
+    /// Either way the run leaves the gate, and gives its place back, only once complete: the
+    /// node's count of runs in flight never falls below XLA's.
+    pub fn execute_handing_over(
+        self,
+        run: &Run,
+        hand_over: &mut dyn FnMut(Vec<Buffer>),
+    ) -> Result<(), XlaError> {
+        match self {
+            Passage::WithoutCallbacks(_window) => run.execute_handing_over(&mut |_| {}, hand_over),
+            calling_back => {
+                hand_over(calling_back.execute(run)?);
+                Ok(())
+            }
         }
     }
 }

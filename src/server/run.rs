@@ -6,7 +6,12 @@
 //! at once and never wait for a place ([`Run::new`], the one check between a request and XLA);
 //! the [`Scheduler`](crate::schedule::Scheduler) admits the run to an executor thread, which
 //! passes the gate through the run's [`Place`], executes it and replies with the results, as
-//! tensors or as buffers left on the device (where the run waits on the way: `crate::schedule`).
+//! tensors or as buffers left on the device, each result as `keep_on_device` says (where the run
+//! waits on the way: `crate::schedule`). A run whose results all stay on the device, of a program
+//! that does not call back, is answered as soon as XLA has launched it, unless `wait: true`: its
+//! buffers carry their readiness, so the caller's next use of one waits for it (and meets any
+//! error XLA reports at completion), while its executor thread waits for completion before it
+//! gives the run's place back.
 //! A run reserves its host arguments' and results' bytes under `--max-device-bytes` before it
 //! executes (`device_budget.rs`). Every run that was parsed is answered, and counted, by
 //! [`reply`].
@@ -23,11 +28,11 @@ use super::resources::Resource;
 use super::state::State;
 use crate::dispatch::RunHandle;
 use crate::node::gen::Caller;
-use crate::node::term::list;
+use crate::node::term::{as_atom, as_i64, as_list, list};
 use crate::node::Dest;
 use crate::schedule::{Place, RunJob, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
-use crate::xla::{Argument, DType, Executable, HostTensor, Run, XlaError};
+use crate::xla::{Argument, Buffer, DType, Executable, HostTensor, Run, XlaError};
 use eetf::{Reference, Term};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,10 +52,79 @@ enum RunArg {
     Buffer(Reference),
 }
 
+/// Which results stay on the device as buffers; the others come back as tensors.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+enum Kept {
+    #[default]
+    None,
+    All,
+    /// Results by index: distinct, and below the program's result count (checked against the
+    /// executable in [`Kept::check`]).
+    Listed(Vec<usize>),
+}
+
+impl Kept {
+    /// `keep_on_device`'s value: a boolean, or a list of distinct result indices.
+    fn parse(value: &Term) -> Result<Kept, RequestError> {
+        let wrong = || {
+            argument(format!(
+                "keep_on_device must be a boolean or a list of distinct result indices, got {value}"
+            ))
+        };
+        match as_atom(value) {
+            Some("true") => return Ok(Kept::All),
+            Some("false") => return Ok(Kept::None),
+            _ => {}
+        }
+        let items = as_list(value).ok_or_else(wrong)?;
+        let mut indices = Vec::with_capacity(items.len());
+        for item in &items {
+            let index = as_i64(item)
+                .and_then(|i| usize::try_from(i).ok())
+                .ok_or_else(wrong)?;
+            if indices.contains(&index) {
+                return Err(argument(format!(
+                    "keep_on_device lists result {index} twice: {value}"
+                )));
+            }
+            indices.push(index);
+        }
+        Ok(Kept::Listed(indices))
+    }
+
+    /// Checks listed indices against the program's `results`; a list that names every result
+    /// is [`Kept::All`].
+    fn check(self, results: usize) -> Result<Kept, RequestError> {
+        let Kept::Listed(indices) = self else {
+            return Ok(self);
+        };
+        if let Some(index) = indices.iter().find(|&&i| i >= results) {
+            return Err(argument(format!(
+                "keep_on_device: result {index} does not exist (the program has {results} results)"
+            )));
+        }
+        Ok(if indices.len() == results {
+            Kept::All
+        } else {
+            Kept::Listed(indices)
+        })
+    }
+
+    fn keeps(&self, index: usize) -> bool {
+        match self {
+            Kept::None => false,
+            Kept::All => true,
+            Kept::Listed(indices) => indices.contains(&index),
+        }
+    }
+}
+
 /// The run options the request sets; `None`: the node's default.
 #[derive(Debug, Default)]
 struct RunOptions {
-    keep_on_device: bool,
+    keep_on_device: Kept,
+    /// Answer only once the run has completed, also when every result stays on the device.
+    wait: bool,
     callback_server: Option<Dest>,
     /// `Some(None)`: `:infinity`.
     callback_timeout: Option<Option<Duration>>,
@@ -73,10 +147,16 @@ impl RunRequest {
     /// scheduler.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
         let received = Instant::now();
-        let RunRequest { exe, args, options } = self;
-        let found = state
-            .lookup_program(&exe)
-            .and_then(|program| Ok((program, arguments(state, args)?)));
+        let RunRequest {
+            exe,
+            args,
+            mut options,
+        } = self;
+        let found = state.lookup_program(&exe).and_then(|program| {
+            let kept = std::mem::take(&mut options.keep_on_device);
+            options.keep_on_device = kept.check(program.exe.outputs().len())?;
+            Ok((program, arguments(state, args)?))
+        });
         let (program, given) = match found {
             Ok(found) => found,
             Err(e) => return reply(state, &from, Err(e)),
@@ -101,14 +181,29 @@ impl RunRequest {
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
                 let reserved = state.reserve_device("the run", run.device_bytes());
-                let results = match reserved {
-                    Ok(_reserved) => {
-                        execute(&state, place, &run, handle, &options, &from).map_err(Into::into)
+                let _reserved = match reserved {
+                    Ok(reserved) => reserved,
+                    Err(refused) => {
+                        state.runs().executed(started);
+                        return reply(&state, &from, Err(refused));
                     }
-                    Err(refused) => Err(refused),
                 };
-                state.runs().executed(started);
-                reply(&state, &from, results);
+                // The run holds its place until it has completed, also when it was answered at
+                // launch.
+                let early = early_answer(calls_back, &options);
+                execute(
+                    &state,
+                    place,
+                    &run,
+                    handle,
+                    &options,
+                    &from,
+                    early,
+                    &mut |results| {
+                        state.runs().executed(started);
+                        reply(&state, &from, results.map_err(Into::into));
+                    },
+                );
             })
         };
         state.submit_run(calls_back, queue_timeout, job, timed_out);
@@ -140,8 +235,19 @@ fn supplies_handle(exe: &Executable, given: usize, options: &RunOptions) -> bool
     callback_param && (options.callback_server.is_some() || given + 1 == params.len())
 }
 
-/// Executes the run (on an executor thread) with its callback context open, and returns the
-/// results as the reply lists them.
+/// Whether a run is answered once XLA has launched it rather than once it completed: when every
+/// result stays on the device, the program does not call back (its callbacks would reach the
+/// caller after the answer), and the caller did not ask to wait.
+fn early_answer(calls_back: bool, options: &RunOptions) -> bool {
+    options.keep_on_device == Kept::All && !calls_back && !options.wait
+}
+
+/// Executes the run (on an executor thread) with its callback context open, and calls `answer`
+/// once with the results as the reply lists them (the results the caller keeps registered as
+/// its buffers) or the run's error: at launch when `early` ([`early_answer`]), else at
+/// completion. After an early answer, an error XLA reports at completion reaches the caller
+/// through the kept buffers, at their next use.
+#[allow(clippy::too_many_arguments)]
 fn execute(
     state: &State,
     place: &Place,
@@ -149,7 +255,9 @@ fn execute(
     handle: Option<RunHandle>,
     options: &RunOptions,
     from: &Caller,
-) -> Result<Vec<Term>, XlaError> {
+    early: bool,
+    answer: &mut dyn FnMut(Result<Vec<Term>, XlaError>),
+) {
     let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
@@ -160,19 +268,34 @@ fn execute(
             passage.calling_back(),
         )
     });
+    let kept = &options.keep_on_device;
+    let terms = |outputs: Vec<Buffer>| -> Result<Vec<Term>, XlaError> {
+        outputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| match kept.keeps(i) {
+                true => Ok(Term::from(
+                    state.register(Resource::Buffer(Arc::new(b)), &from.pid),
+                )),
+                false => b.to_host_tensor().map(host_tensor_term),
+            })
+            .collect()
+    };
+    if early {
+        let mut answered = false;
+        let completed = passage.execute_handing_over(run, &mut |outputs| {
+            answered = true;
+            answer(terms(outputs));
+        });
+        drop(callbacks);
+        if let (Err(e), false) = (completed, answered) {
+            answer(Err(e));
+        }
+        return;
+    }
     let outputs = passage.execute(run);
     drop(callbacks);
-    let outputs = outputs?;
-    if options.keep_on_device {
-        return Ok(outputs
-            .into_iter()
-            .map(|b| Term::from(state.register(Resource::Buffer(Arc::new(b)), &from.pid)))
-            .collect());
-    }
-    outputs
-        .iter()
-        .map(|b| b.to_host_tensor().map(host_tensor_term))
-        .collect()
+    answer(outputs.and_then(terms));
 }
 
 /// Replies with a run's results or its error, and counts it: every run that was parsed ends
@@ -212,7 +335,8 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
     let mut options = RunOptions::default();
     for (key, value) in keywords(opts)? {
         match key.as_str() {
-            "keep_on_device" => options.keep_on_device = boolean(&key, &value)?,
+            "keep_on_device" => options.keep_on_device = Kept::parse(&value)?,
+            "wait" => options.wait = boolean(&key, &value)?,
             "callback_server" => {
                 options.callback_server = Some(Dest::from_term(&value).ok_or_else(|| {
                     argument(format!(
@@ -236,10 +360,53 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
             }
             other => {
                 return Err(argument(format!(
-                    "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout, queue_timeout)"
+                    "unknown run option {other} (supported: keep_on_device, wait, callback_server, callback_timeout, queue_timeout)"
                 )))
             }
         }
     }
     Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::term::{atom, int};
+
+    fn kept(value: Term) -> Result<Kept, String> {
+        Kept::parse(&value).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keep_on_device_takes_a_boolean_or_distinct_indices() {
+        assert_eq!(kept(atom("true")), Ok(Kept::All));
+        assert_eq!(kept(atom("false")), Ok(Kept::None));
+        assert_eq!(
+            kept(list(vec![int(2), int(0)])),
+            Ok(Kept::Listed(vec![2, 0]))
+        );
+        assert_eq!(kept(list(vec![])), Ok(Kept::Listed(vec![])));
+        assert!(kept(list(vec![int(1), int(1)]))
+            .unwrap_err()
+            .contains("result 1 twice"));
+        assert!(kept(list(vec![int(-1)]))
+            .unwrap_err()
+            .contains("distinct result indices"));
+        assert!(kept(atom("yes"))
+            .unwrap_err()
+            .contains("distinct result indices"));
+    }
+
+    #[test]
+    fn listed_indices_are_checked_against_the_result_count() {
+        assert_eq!(
+            Kept::Listed(vec![1]).check(3).ok(),
+            Some(Kept::Listed(vec![1]))
+        );
+        assert_eq!(Kept::Listed(vec![2, 0, 1]).check(3).ok(), Some(Kept::All));
+        assert!(Kept::Listed(vec![3]).check(3).is_err());
+        assert_eq!(Kept::None.check(0).ok(), Some(Kept::None));
+        let listed = Kept::Listed(vec![0, 2]);
+        assert!(listed.keeps(2) && !listed.keeps(1));
+    }
 }

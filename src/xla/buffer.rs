@@ -3,7 +3,9 @@
 //! A [`Buffer`] owns one `PJRT_Buffer` (destroyed on drop) and remembers its
 //! element type and dimensions, so that argument validation never has to call
 //! into XLA. Host→device copies validate the byte size first (XLA CHECK-fails
-//! abort the process) and wait until XLA no longer needs the host slice.
+//! abort the process) and wait until XLA no longer needs the host slice: at once
+//! ([`Client::buffer_from_host`]), or after the run that takes the buffer has been launched
+//! ([`PendingUpload`]), so that the run queues behind the copy instead of waiting for it.
 //! Device→host copies wait for the buffer's ready event (execution errors,
 //! including host custom-call errors, surface there) and then, on the CPU
 //! platform, read the dense row-major device memory directly (much cheaper
@@ -18,6 +20,7 @@
 
 #![allow(unsafe_code)]
 
+use std::borrow::Cow;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +85,18 @@ impl Client {
         dtype: DType,
         dims: &[i64],
     ) -> Result<Buffer, XlaError> {
+        self.upload(data, dtype, dims)?.finish()
+    }
+
+    /// Starts copying a host array (as [`Client::buffer_from_host`]) and returns at once: the
+    /// buffer exists and a run may take it (XLA orders the run after the copy), while XLA may
+    /// still read `data`, which stays borrowed until the upload is finished or dropped.
+    pub(crate) fn upload<'a>(
+        &self,
+        data: &'a [u8],
+        dtype: DType,
+        dims: &[i64],
+    ) -> Result<PendingUpload<'a>, XlaError> {
         if let Some((i, d)) = dims.iter().enumerate().find(|(_, d)| **d < 0) {
             return Err(XlaError::Argument(format!(
                 "dimension {i} is negative ({d})"
@@ -115,19 +130,72 @@ impl Client {
         a.device = inner.addressable[0];
         // SAFETY: matching args; `data` holds exactly the bytes described by
         // dtype/dims (checked above, one byte per element for 2- and 4-bit
-        // types) and stays borrowed until the
-        // done_with_host_buffer event, awaited below, has fired.
+        // types) and stays alive, in the returned upload (or until the await below when there
+        // is none), until the done_with_host_buffer event has fired.
         unsafe { api.call(api.fns().PJRT_Client_BufferFromHostBuffer, &mut a) }
             .map_err(XlaError::Runtime)?;
-        let transfer = api.await_and_destroy(a.done_with_host_buffer);
         if a.buffer.is_null() {
+            api.await_and_destroy(a.done_with_host_buffer).ok();
             return Err(XlaError::Runtime(
                 "BufferFromHostBuffer returned no buffer".into(),
             ));
         }
-        let buf = Buffer::from_raw_with_spec(self, a.buffer, spec, None);
-        transfer.map_err(XlaError::Runtime)?;
-        Ok(buf)
+        let mut upload = PendingUpload {
+            buffer: Some(Buffer::from_raw_with_spec(self, a.buffer, spec, None)),
+            done: a.done_with_host_buffer,
+            client: self.clone(),
+            _data: data,
+        };
+        if upload._data.is_empty() {
+            // XLA was handed `dummy`, which lives on this frame only.
+            upload.wait()?;
+        }
+        Ok(upload)
+    }
+}
+
+/// A host array on its way to the device ([`Client::upload`]): its buffer, and the host bytes
+/// XLA may read until the copy is done. Finishing it, or dropping it, waits for that.
+pub(crate) struct PendingUpload<'a> {
+    /// `None` once finished.
+    buffer: Option<Buffer>,
+    /// The `done_with_host_buffer` event; null once awaited.
+    done: *mut PJRT_Event,
+    client: Client,
+    /// What XLA copies from: kept alive until `done` has fired.
+    _data: Cow<'a, [u8]>,
+}
+
+impl PendingUpload<'_> {
+    /// The buffer, usable as a run's argument before the copy is done.
+    pub(crate) fn buffer(&self) -> &Buffer {
+        self.buffer
+            .as_ref()
+            .expect("an upload's buffer until finished")
+    }
+
+    /// Waits until XLA is done with the host bytes (at once when it was already); returns the
+    /// copy's error, if any.
+    pub(crate) fn wait(&mut self) -> Result<(), XlaError> {
+        let done = std::mem::replace(&mut self.done, std::ptr::null_mut());
+        let api = self.client.inner().api();
+        api.await_and_destroy(done).map_err(XlaError::Runtime)
+    }
+
+    /// [`PendingUpload::wait`], then the buffer.
+    pub(crate) fn finish(mut self) -> Result<Buffer, XlaError> {
+        self.wait()?;
+        Ok(self.buffer.take().expect("finished once"))
+    }
+}
+
+impl Drop for PendingUpload<'_> {
+    fn drop(&mut self) {
+        // Before the fields go: XLA may still read `_data` until the event fires.
+        if !self.done.is_null() {
+            let api = self.client.inner().api();
+            api.await_and_destroy(self.done).ok();
+        }
     }
 }
 

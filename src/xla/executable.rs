@@ -98,6 +98,10 @@ pub struct Executable {
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
 
+/// Takes a run's results once `Execute` has returned, before they are computed (see
+/// [`Run::execute_handing_over`](super::Run::execute_handing_over)).
+pub(crate) type HandOver<'a> = &'a mut dyn FnMut(Vec<Buffer>);
+
 /// An argument of a run: a host array, copied to the device for the run, or a buffer already
 /// there.
 #[derive(Debug, Clone)]
@@ -386,10 +390,16 @@ impl Executable {
     /// CPU client runs a small program on the calling thread, within `Execute`, and queues a
     /// larger one (or one submitted while an earlier one is still queued) for its own threads,
     /// where it runs after every computation queued before it.
+    ///
+    /// With `hand_over`, the results go to it as soon as `Execute` has returned, while XLA may
+    /// still compute them, and this returns no buffers: it still waits for completion (the
+    /// arguments stay borrowed until then) and returns the error XLA reports there, which the
+    /// handed buffers carry too: awaiting one ([`Buffer::await_ready`], any read) returns it.
     fn execute(
         &self,
         args: &[&Buffer],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
@@ -436,6 +446,18 @@ impl Executable {
                 direct,
             ));
         }
+        if let Some(hand_over) = hand_over {
+            if let Some(err) = first_err {
+                // Outputs dropped here go once the run is done with them (PJRT defers it).
+                drop(outputs);
+                api.await_and_destroy(complete[0]).ok();
+                return Err(err);
+            }
+            hand_over(outputs);
+            api.await_and_destroy(complete[0])
+                .map_err(XlaError::Runtime)?;
+            return Ok(Vec::new());
+        }
         if let Err(msg) = api.await_and_destroy(complete[0]) {
             first_err.get_or_insert(XlaError::Runtime(msg));
         }
@@ -464,6 +486,7 @@ impl Executable {
         &self,
         args: &[Argument],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         let host_bytes: usize = args
             .iter()
@@ -475,24 +498,52 @@ impl Executable {
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
             let taken = self.staging.lock().expect("staging lock").pop();
             let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, args, launched);
+            let result = self.run_staged(&mut set, args, launched, hand_over);
             let mut pool = self.staging.lock().expect("staging lock");
             if pool.len() < STAGING_MAX_SETS {
                 pool.push(set);
             }
             return result;
         }
-        let uploaded = args
+        // Off the CPU, every host argument's copy is started, and none awaited, before
+        // `Execute`: the run queues behind the copies (XLA orders it after each buffer's
+        // definition), and the copies are awaited once the run is done with them. On the CPU
+        // plugin runs were slower so, not faster (measured: docs/performance.md).
+        let defer = !self.client.inner().is_cpu;
+        let uploads = args
             .iter()
             .map(|arg| match arg {
-                Argument::Host(t) => self
-                    .client
-                    .buffer_from_host(&t.data, t.dtype, &t.dims)
-                    .map(Some),
+                Argument::Host(t) => {
+                    let mut upload = self.client.upload(&t.data, t.dtype, &t.dims)?;
+                    if !defer {
+                        upload.wait()?;
+                    }
+                    Ok(Some(upload))
+                }
                 Argument::Device(_) => Ok(None),
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.execute(&Self::argument_buffers(args, &uploaded), launched)
+            .collect::<Result<Vec<_>, XlaError>>()?;
+        let buffers = args
+            .iter()
+            .zip(&uploads)
+            .map(|(arg, upload)| match (arg, upload) {
+                (Argument::Device(b), _) => &**b,
+                (Argument::Host(_), upload) => upload
+                    .as_ref()
+                    .expect("one upload per host argument")
+                    .buffer(),
+            })
+            .collect::<Vec<_>>();
+        let outputs = self.execute(&buffers, launched, hand_over);
+        drop(buffers);
+        let copied = uploads
+            .into_iter()
+            .flatten()
+            .try_for_each(|upload| upload.finish().map(drop));
+        // A failed copy fails the run that read it too: the run's error says more.
+        let outputs = outputs?;
+        copied?;
+        Ok(outputs)
     }
 
     /// [`Executable::run_checked`] with host arguments copied into `set`'s
@@ -503,6 +554,7 @@ impl Executable {
         set: &mut [Option<Buffer>],
         args: &[Argument],
         launched: &mut dyn FnMut(bool),
+        hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         for (slot, arg) in set.iter_mut().zip(args) {
             if let Argument::Host(t) = arg {
@@ -512,7 +564,7 @@ impl Executable {
                 }
             }
         }
-        self.execute(&Self::argument_buffers(args, set), launched)
+        self.execute(&Self::argument_buffers(args, set), launched, hand_over)
     }
 
     /// The buffers to execute with: device arguments as given, host arguments

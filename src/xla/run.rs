@@ -111,7 +111,23 @@ impl Run {
         &self,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        self.exe.run_checked(&self.args, launched)
+        self.exe.run_checked(&self.args, launched, None)
+    }
+
+    /// Executes and hands the results to `hand_over` as soon as XLA's `Execute` has returned,
+    /// while XLA may still compute them, so that a caller who keeps them on the device need not
+    /// wait; then waits for completion here (the run's host arguments stay borrowed until then)
+    /// and returns XLA's error, if any. The handed buffers carry their readiness: a read, or a
+    /// run that takes one, waits for it, and meets that error too. Nothing is handed over when
+    /// the run fails before its results exist (uploading a host argument, `Execute` itself).
+    pub fn execute_handing_over(
+        &self,
+        launched: &mut dyn FnMut(bool),
+        hand_over: &mut dyn FnMut(Vec<Buffer>),
+    ) -> Result<(), XlaError> {
+        self.exe
+            .run_checked(&self.args, launched, Some(hand_over))
+            .map(drop)
     }
 }
 

@@ -11,6 +11,7 @@ defmodule XlaNode.Options do
   """
   @type kind ::
           :boolean
+          | :boolean_or_indices
           | :timeout
           | :positive_timeout
           | :process
@@ -79,6 +80,13 @@ defmodule XlaNode.Options do
   end
 
   defp valid?(:boolean, value), do: is_boolean(value)
+
+  defp valid?(:boolean_or_indices, value),
+    do:
+      is_boolean(value) or
+        (is_list(value) and Enum.all?(value, &(is_integer(&1) and &1 >= 0)) and
+           length(Enum.uniq(value)) == length(value))
+
   defp valid?(:timeout, value), do: value == :infinity or (is_integer(value) and value >= 0)
 
   defp valid?(:positive_timeout, value),
@@ -147,6 +155,10 @@ defmodule XlaNode.Options do
   defp name_at_node?(value), do: match?({name, node} when is_atom(name) and is_atom(node), value)
 
   defp describe(:boolean), do: "a boolean"
+
+  defp describe(:boolean_or_indices),
+    do: "a boolean or a list of distinct non-negative integers (result indices)"
+
   defp describe(:timeout), do: "a non-negative integer (milliseconds) or :infinity"
   defp describe(:positive_timeout), do: "a positive integer (milliseconds) or :infinity"
   defp describe(:process), do: "a pid, a registered name (an atom) or {name, node}"

@@ -76,7 +76,7 @@ defmodule XlaNode.Pool do
 
   ## Run options
 
-  Besides `run/4`'s own (`:keep_on_device`, `:callback_server`, `:callback_timeout`,
+  Besides `run/4`'s own (`:keep_on_device`, `:wait`, `:callback_server`, `:callback_timeout`,
   `:queue_timeout`, `:timeout`, which covers all attempts): `node: node` (pin the run),
   `retry: false` (never re-send it), `max_attempts: n` (this run's limit).
 

@@ -111,6 +111,21 @@ defmodule XlaNode.Backend do
   @spec scope((-> result)) :: result when result: term()
   def scope(fun), do: Scope.run(fun)
 
+  @doc """
+  Frees the buffers of every `XlaNode.Backend` tensor inside `term` (a tensor, or a container
+  however nested: a model's params), with one `{:free, buffers}` cast to each node that holds
+  some and no answer to wait for; returns `:ok`. Buffers freed already are skipped silently.
+
+  `Nx.backend_deallocate/1` frees a container tensor by tensor, each with a request answered
+  (so that it can say `:already_deallocated`); this is the same in one message, as a training
+  loop that drops its old params each step wants:
+
+      {new_params, loss} = XlaNode.Backend.scope(fn -> step.(params, x, y) end)
+      XlaNode.Backend.free_all(params)
+  """
+  @spec free_all(term()) :: :ok
+  def free_all(term), do: term |> Scope.buffers() |> Scope.free()
+
   @impl true
   def init(opts) do
     node!(opts)

@@ -47,7 +47,10 @@ defmodule XlaNode.Compiler do
       pass into the next call without moving them. Default: `true` when the process's default
       backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
       and in an `Nx.Serving` (its batches run in tasks that exit once they have replied, and
-      a buffer goes with the process that made it)
+      a buffer goes with the process that made it). Where the default backend decides it,
+      results of 64 bytes or less (a loss) come back in the same reply instead, inline behind
+      `XlaNode.Backend` tensors, so that reading them asks the node nothing; `true` given keeps
+      every result
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
@@ -56,6 +59,9 @@ defmodule XlaNode.Compiler do
     * `:debug` - log (`Logger.debug/1`) each program's lowered module with how long lowering
       and the node's compile took, and each cache hit, as `EXLA`'s `:debug` logs its compiles
       (default `false`)
+    * `:wait` - `true`: a run whose results all stay on the node returns once they are
+      computed; by default it returns once the node has launched it (their buffers carry their
+      readiness: reading one, or a run that takes one, waits for it), see `XlaNode.run/4`
 
   A value of the wrong kind for one of these raises `ArgumentError` naming the option. Options
   the compiler does not know are ignored, as `Nx.Defn.Evaluator` and `EXLA` ignore them:
@@ -118,7 +124,15 @@ defmodule XlaNode.Compiler do
     opts = Options.validate!(opts)
     node = node!(opts)
     info = Cache.node_info(node)
-    opts = Keyword.put(opts, :keep_on_device, keep_on_device?(opts))
+    keep? = keep_on_device?(opts)
+
+    # Small results come back inline where the results stay on the node because the caller's
+    # backend is XlaNode.Backend; `keep_on_device: true` given keeps every one (the backend's
+    # eager operations and :split's stages give it).
+    opts =
+      opts
+      |> Keyword.put(:inline_results, keep? and not Keyword.has_key?(opts, :keep_on_device))
+      |> Keyword.put(:keep_on_device, keep?)
 
     case Keyword.get_lazy(opts, :callbacks, fn -> default_callbacks(info) end) do
       :inside ->

@@ -62,8 +62,12 @@ defmodule XlaNode.Backend.Scope do
   def free([]), do: :ok
   def free(buffers), do: buffers |> Enum.uniq() |> XlaNode.free_all()
 
-  # The buffers of every XlaNode.Backend tensor inside a term, however nested (tuples, lists,
-  # maps and structs such as model states).
+  @doc """
+  The buffers of every `XlaNode.Backend` tensor inside a term, however nested (tuples, lists,
+  maps and structs such as model states).
+  """
+  def buffers(term), do: term |> held() |> MapSet.to_list()
+
   defp held(term), do: held(term, MapSet.new())
 
   defp held(%Nx.Tensor{data: %XlaNode.Backend{buffer: buffer}}, acc) when is_reference(buffer),

@@ -37,6 +37,23 @@ defmodule XlaNode.Backend.Transfer do
       do:
         Nx.BinaryBackend.from_binary(%Nx.Tensor{type: type, shape: shape, names: names}, data, [])
 
+  # The largest result a run returns in its reply rather than keeping on the node, when its
+  # tensors are to be XlaNode.Backend's: scalars and a few numbers (a loss, an accuracy, a
+  # step count), which callers read, cost no request to read, and nothing to free.
+  # docs/performance.md gives the measurement behind the bound.
+  @inline_bytes 64
+
+  @doc """
+  Whether a result of `template`'s type and shape comes back inline in a run's reply (at most
+  #{@inline_bytes} bytes, of a type of whole bytes) rather than staying on the node.
+  """
+  def inline?(%Nx.Tensor{type: {_, bits}} = template),
+    do: rem(bits, 8) == 0 and Nx.size(template) * div(bits, 8) <= @inline_bytes
+
+  @doc "`template` holding `data` here, inline, as an `XlaNode.Backend` tensor of `node`."
+  def inline(template, node, data) when is_binary(data),
+    do: %{template | data: %Backend{node: node, buffer: {:inline, data}}}
+
   @doc "`template` (a tensor or its template) holding `buffer` on `node`; noted in the scope."
   def wrap(template, node, buffer), do: %{template | data: data(node, buffer)}
 

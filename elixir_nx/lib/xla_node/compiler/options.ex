@@ -20,7 +20,8 @@ defmodule XlaNode.Compiler.Options do
     hooks: :map,
     keep_on_device: :boolean,
     timeout: :timeout,
-    debug: :boolean
+    debug: :boolean,
+    wait: :boolean
   ]
 
   @doc "The compiler's own options, whose values are checked."

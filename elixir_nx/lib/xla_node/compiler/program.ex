@@ -42,8 +42,9 @@ defmodule XlaNode.Compiler.Program do
   now.
 
   `opts` are the compiler's, with `:keep_on_device` decided: `:hooks`, `:callback_timeout`,
-  `:queue_timeout`, `:timeout` and `:debug` (log the lowered module and how long lowering and
-  compiling took, as `EXLA`'s `:debug` does). `info` is `XlaNode.Compiler.Cache.node_info/1`'s.
+  `:queue_timeout`, `:timeout`, `:wait`, `:debug` (log the lowered module and how long lowering
+  and compiling took, as `EXLA`'s `:debug` does) and `:inline_results` (results that stay on
+  the node come back in the reply instead when they are small, `XlaNode.Backend.Transfer.inline?/1`). `info` is `XlaNode.Compiler.Cache.node_info/1`'s.
 
   The expression `fun` returns stays in this process: what the cache keeps, and the returned
   function captures (`Nx.Serving` runs it in other processes), are templates, the executable,
@@ -67,10 +68,13 @@ defmodule XlaNode.Compiler.Program do
 
     hooks = Keyword.get(opts, :hooks, %{})
 
+    keep? = Keyword.fetch!(opts, :keep_on_device)
+    inline? = keep? and Keyword.get(opts, :inline_results, false)
+
     run_opts =
       opts
-      |> Keyword.take([:callback_timeout, :queue_timeout])
-      |> Keyword.put(:keep_on_device, Keyword.fetch!(opts, :keep_on_device))
+      |> Keyword.take([:callback_timeout, :queue_timeout, :wait])
+      |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(stored_key))
 
     timeout = Keyword.get(opts, :timeout, :infinity)
@@ -78,7 +82,7 @@ defmodule XlaNode.Compiler.Program do
     fn [params] ->
       args = params |> take_used(used) |> Enum.map(& &1.()) |> Transfer.args(node)
       results = run(node, exe, args, callbacks, hooks, run_opts, timeout)
-      [from_client(results, outputs, node)]
+      [from_client(results, outputs, node, inline?)]
     end
   end
 
@@ -308,10 +312,25 @@ defmodule XlaNode.Compiler.Program do
     end
   end
 
-  # Results come as tensors, or as buffers with keep_on_device: true.
-  defp from_client(results, {structure, templates}, node) do
+  # Which results a run keeps on the node when its tensors are to be `XlaNode.Backend`'s (`keep?`):
+  # all, or with `inline?` all but the small ones (`Transfer.inline?/1`), which come back in the
+  # run's reply and stay here, so that reading a loss needs no request of its own.
+  defp kept_results(false, _inline?, _outputs), do: false
+  defp kept_results(true, false, _outputs), do: true
+
+  defp kept_results(true, true, {_structure, templates}) do
+    kept = for {t, i} <- Enum.with_index(templates), not Transfer.inline?(t), do: i
+    if length(kept) == length(templates), do: true, else: kept
+  end
+
+  # Results come as tensors (inline `XlaNode.Backend` ones where the rest stay on the node),
+  # or as buffers.
+  defp from_client(results, {structure, templates}, node, inline?) do
     tensors =
       Enum.zip_with(results, templates, fn
+        {data, _}, template when inline? ->
+          Transfer.inline(template, node, data)
+
         {data, _}, template ->
           Transfer.host_tensor(template, data)
 

@@ -1,0 +1,254 @@
+defmodule XlaNode.TrainingStepTest do
+  @moduledoc """
+  A training step in one round trip (issue #38): a run keeps some results on the device and
+  returns the others in the same reply (`keep_on_device: [indices]`), so a step as users write
+  it (params kept on the node, the batch from the host, the loss back, the old params freed with
+  one cast) is one call and one cast, counted by the node's own `:info` traffic counters: at most
+  4 messages in (the call's monitor, request and demonitor, and the cast) and 1 out, whatever the
+  number of parameters. Also: the option's checks, and a run whose results all stay on the
+  device answered once launched (`wait: true` to answer at completion).
+  """
+  use ExUnit.Case, async: true
+
+  alias XlaNode.{Harness, Tensor}
+
+  @steps 10
+
+  defp call(node, request), do: GenServer.call({:xla, node.name}, request, 60_000)
+
+  defp info(node) do
+    {:ok, info} = call(node, :info)
+    info
+  end
+
+  defp traffic(node) do
+    %{traffic: %{received_messages: received, sent_messages: sent}} = info(node)
+    {received, sent}
+  end
+
+  # A step of `n` parameters (each f32[4]) fitting `p_i * x ~ y` by gradient descent: returns
+  # the new parameters, then the mean squared error before the step.
+  defp step_program(n) do
+    params = Enum.map_join(0..(n - 1), ", ", &"%p#{&1}: tensor<4xf32>")
+    types = List.duplicate("tensor<4xf32>", n)
+
+    body =
+      for i <- 0..(n - 1) do
+        """
+            %m#{i} = stablehlo.multiply %p#{i}, %x : tensor<4xf32>
+            %e#{i} = stablehlo.subtract %m#{i}, %y : tensor<4xf32>
+            %sq#{i} = stablehlo.multiply %e#{i}, %e#{i} : tensor<4xf32>
+            %l#{i} = stablehlo.reduce(%sq#{i} init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
+            %g#{i} = stablehlo.multiply %e#{i}, %x : tensor<4xf32>
+            %u#{i} = stablehlo.multiply %g#{i}, %rate : tensor<4xf32>
+            %n#{i} = stablehlo.subtract %p#{i}, %u#{i} : tensor<4xf32>
+        """
+      end
+
+    adds =
+      for i <- 1..(n - 1)//1 do
+        prev = if i == 1, do: "%l0", else: "%s#{i - 1}"
+        "    %s#{i} = stablehlo.add #{prev}, %l#{i} : tensor<f32>\n"
+      end
+
+    total = if n == 1, do: "%l0", else: "%s#{n - 1}"
+
+    """
+    func.func @main(#{params}, %x: tensor<4xf32>, %y: tensor<4xf32>) -> (#{Enum.join(types ++ ["tensor<f32>"], ", ")}) {
+        %zero = stablehlo.constant dense<0.0> : tensor<f32>
+        %rate = stablehlo.constant dense<0.1> : tensor<4xf32>
+        %count = stablehlo.constant dense<#{4.0 * n}> : tensor<f32>
+    #{Enum.join(body)}#{Enum.join(adds)}    %loss = stablehlo.divide #{total}, %count : tensor<f32>
+        return #{Enum.map_join(0..(n - 1), ", ", &"%n#{&1}")}, %loss : #{Enum.join(types ++ ["tensor<f32>"], ", ")}
+    }
+    """
+  end
+
+  defp f32(list), do: Tensor.from_list(list, {:f, 32})
+  defp loss_value({<<loss::float-little-32>>, {{:f, 32}, []}}), do: loss
+
+  # `steps` training steps from fresh params: each one `step_fun.(params)` returning the new
+  # params and the loss. Returns the losses and the node's message counts over the steps, less
+  # what the two :info calls that count them cost (measured the same way without steps).
+  defp count_steps(node, n, step_fun) do
+    params = for i <- 1..n, do: XlaNode.to_device!(node.name, f32([0.1 * i, 0.0, -0.1, 0.2]))
+    {in0, out0} = traffic(node)
+    {in1, out1} = traffic(node)
+    {overhead_in, overhead_out} = {in1 - in0, out1 - out0}
+
+    {losses, params} =
+      Enum.map_reduce(1..@steps, params, fn _, params ->
+        {new_params, loss} = step_fun.(params)
+        {loss, new_params}
+      end)
+
+    {in2, out2} = traffic(node)
+    assert info(node).buffers == n, "the old params were freed, the new ones kept"
+    XlaNode.free_all(params)
+    {losses, {in2 - in1 - overhead_in, out2 - out1 - overhead_out}}
+  end
+
+  setup_all do
+    # A node of its own: its traffic counters see this module's messages only (its tests run one
+    # after another).
+    Harness.start_shared_node()
+  end
+
+  for n <- [3, 12] do
+    test "a step of #{n} params as a raw call and one cast: at most 4 messages in and 1 out", %{
+      node: node
+    } do
+      n = unquote(n)
+      {:ok, exe} = call(node, {:compile, step_program(n)})
+      {x, y} = {f32([1.0, 2.0, -1.0, 0.5]), f32([0.5, 1.0, -0.5, 0.25])}
+
+      {losses, {received, sent}} =
+        count_steps(node, n, fn params ->
+          {:ok, results} =
+            call(node, {:run, exe, params ++ [x, y], [keep_on_device: Enum.to_list(0..(n - 1))]})
+
+          {new_params, [loss]} = Enum.split(results, n)
+          assert Enum.all?(new_params, &is_reference/1)
+          GenServer.cast({:xla, node.name}, {:free, params})
+          {new_params, loss_value(loss)}
+        end)
+
+      assert received <= 4 * @steps and sent <= @steps,
+             "#{received} messages in and #{sent} out over #{@steps} steps"
+
+      assert Enum.sort(losses, :desc) == losses and List.last(losses) < hd(losses)
+      call(node, {:free, exe})
+    end
+
+    test "a step of #{n} params through the client (XlaNode.run/4, XlaNode.free_all/1): at most 4 in and 1 out",
+         %{node: node} do
+      n = unquote(n)
+      exe = XlaNode.compile!(node.name, step_program(n))
+      {x, y} = {f32([1.0, 2.0, -1.0, 0.5]), f32([0.5, 1.0, -0.5, 0.25])}
+
+      {losses, {received, sent}} =
+        count_steps(node, n, fn params ->
+          results =
+            XlaNode.run!(node.name, exe, params ++ [x, y],
+              keep_on_device: Enum.to_list(0..(n - 1))
+            )
+
+          {new_params, [loss]} = Enum.split(results, n)
+          :ok = XlaNode.free_all(params)
+          {new_params, loss_value(loss)}
+        end)
+
+      assert received <= 4 * @steps and sent <= @steps,
+             "#{received} messages in and #{sent} out over #{@steps} steps"
+
+      assert Enum.sort(losses, :desc) == losses and List.last(losses) < hd(losses)
+      XlaNode.free!(node.name, exe)
+    end
+  end
+
+  describe "keep_on_device" do
+    @three """
+    func.func @main(%a: tensor<2xf32>) -> (tensor<2xf32>, tensor<2xf32>, tensor<f32>) {
+      %s = stablehlo.add %a, %a : tensor<2xf32>
+      %p = stablehlo.multiply %a, %a : tensor<2xf32>
+      %zero = stablehlo.constant dense<0.0> : tensor<f32>
+      %t = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<2xf32>, tensor<f32>) -> tensor<f32>
+      return %s, %p, %t : tensor<2xf32>, tensor<2xf32>, tensor<f32>
+    }
+    """
+
+    test "a list keeps the results it names and returns the others, in order", %{node: node} do
+      {:ok, exe} = call(node, {:compile, @three})
+      a = f32([1.0, 3.0])
+
+      assert {:ok, [s, p, t]} = call(node, {:run, exe, [a], [keep_on_device: [2, 0]]})
+      assert is_reference(s) and is_reference(t)
+      assert Tensor.to_list(p) == [1.0, 9.0]
+      assert {:ok, {s_data, _}} = call(node, {:read, s})
+      assert Tensor.to_list({s_data, {{:f, 32}, [2]}}) == [2.0, 6.0]
+      assert {:ok, {<<4.0::float-little-32>>, {{:f, 32}, []}}} = call(node, {:read, t})
+
+      # Every index listed is `true`; none is `false`.
+      assert {:ok, [_, _, _] = all} = call(node, {:run, exe, [a], [keep_on_device: [0, 1, 2]]})
+      assert Enum.all?(all, &is_reference/1)
+      assert {:ok, [{_, _}, {_, _}, {_, _}]} = call(node, {:run, exe, [a], [keep_on_device: []]})
+      GenServer.cast({:xla, node.name}, {:free, [s, t | all]})
+
+      assert {:ok, [_, {_, _}, _]} = XlaNode.run(node.name, exe, [a], keep_on_device: [0, 2])
+    end
+
+    test "indices out of range, repeated or not integers are argument errors", %{node: node} do
+      {:ok, exe} = call(node, {:compile, @three})
+      a = f32([1.0, 3.0])
+      buffers = info(node).buffers
+
+      for {bad, message} <- [
+            {[3], ~r/keep_on_device: result 3 does not exist \(the program has 3 results\)/},
+            {[0, 0], ~r/keep_on_device lists result 0 twice/},
+            {[-1], ~r/keep_on_device must be a boolean or a list of distinct result indices/},
+            {[:a], ~r/keep_on_device must be a boolean or a list of distinct result indices/},
+            {:yes, ~r/keep_on_device must be a boolean or a list of distinct result indices/}
+          ] do
+        assert {:error, {:argument_error, text}} =
+                 call(node, {:run, exe, [a], [keep_on_device: bad]})
+
+        assert text =~ message
+      end
+
+      assert info(node).buffers == buffers
+
+      # The client checks what it can before sending: the node's result count it cannot know.
+      for bad <- [[0, 0], [-1], [:a], :yes] do
+        assert_raise ArgumentError,
+                     ~r/option :keep_on_device must be a boolean or a list of distinct/,
+                     fn ->
+                       XlaNode.run(node.name, exe, [a], keep_on_device: bad)
+                     end
+      end
+
+      assert {:error, %XlaNode.Error{kind: :argument_error, message: text}} =
+               XlaNode.run(node.name, exe, [a], keep_on_device: [5])
+
+      assert text =~ "result 5 does not exist"
+    end
+  end
+
+  describe "a run whose results all stay on the device" do
+    # Two 1024^3 products: long enough that its answer comes long before it completes.
+    @heavy """
+    func.func @main(%s: tensor<f32>) -> tensor<1024x1024xf32> {
+      %a = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<1024x1024xf32>
+      %b = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      %c = stablehlo.dot_general %b, %a, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      %d = stablehlo.dot_general %c, %b, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      return %d : tensor<1024x1024xf32>
+    }
+    """
+
+    test "is answered once launched; a read waits for it; wait: true answers at completion", %{
+      node: node
+    } do
+      {:ok, exe} = call(node, {:compile, @heavy})
+      s = Tensor.scalar(0.125, {:f, 32})
+      # Every entry 0.125^5 * 1024^4 = 2^25, exact in f32.
+      expected = 33_554_432.0
+
+      {launched_ms, {:ok, [buffer]}} =
+        Harness.timed(fn -> call(node, {:run, exe, [s], [keep_on_device: true]}) end)
+
+      assert info(node).runs_running == 1, "answered while the run still executes"
+      {read_ms, {:ok, {data, _}}} = Harness.timed(fn -> call(node, {:read, buffer}) end)
+      assert <<first::float-little-32, _::binary>> = data
+      assert first == expected
+
+      {waited_ms, {:ok, [waited]}} =
+        Harness.timed(fn -> call(node, {:run, exe, [s], [keep_on_device: true, wait: true]}) end)
+
+      assert launched_ms < waited_ms / 2,
+             "launch answered in #{launched_ms} ms, completion in #{waited_ms} ms (read #{read_ms} ms)"
+
+      assert {:ok, {^data, _}} = call(node, {:read, waited})
+      GenServer.cast({:xla, node.name}, {:free, [buffer, waited, exe]})
+    end
+  end
+end
