@@ -1278,3 +1278,109 @@ fn waiting_on_xla_from_the_runtime_is_caught() {
         );
     });
 }
+
+const ADD_F32: &str = "func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = stablehlo.add %a, %b : tensor<3xf32>
+  return %0 : tensor<3xf32>
+}";
+
+fn buffer_f32s(buffer: &Buffer) -> Vec<f32> {
+    f32s(&buffer.to_host().unwrap())
+}
+
+#[test]
+fn one_executable_runs_on_every_device_where_its_buffers_are() {
+    let c = client();
+    assert!(
+        c.device_count() >= 2,
+        "the CPU plugin shows several devices"
+    );
+    let exe = compile(ADD_F32);
+    for device in 0..c.device_count() {
+        let on = |v: [f32; 3]| {
+            Arc::new(
+                c.buffer_from_host_on(&le(&v), DType::F32, &[3], device)
+                    .unwrap(),
+            )
+        };
+        let (a, b) = (on([1.0, 2.0, 3.0]), on([10.0, 20.0, 30.0]));
+        assert_eq!(a.device(), device);
+        let run = Run::new(exe.clone(), vec![], devices(&[&a, &b])).unwrap();
+        assert_eq!(run.device(), device, "a run goes where its buffers are");
+        let out = run.execute().unwrap();
+        assert_eq!(out[0].device(), device, "its result stays there");
+        assert_eq!(out[0].reported_device(), Some(device), "as PJRT says too");
+        assert_eq!(a.reported_device(), Some(device));
+        // The result is a buffer of that device: it runs again with another one of it.
+        let again = Run::new(
+            exe.clone(),
+            vec![],
+            devices(&[&Arc::new(out.into_iter().next().unwrap()), &b]),
+        )
+        .unwrap()
+        .execute()
+        .unwrap();
+        assert_eq!(buffer_f32s(&again[0]), [21.0, 42.0, 63.0]);
+        // Host arguments go to the device asked for.
+        let host = t(DType::F32, &[3], le(&[1.0f32, 1.0, 1.0]));
+        let run = Run::on_device(
+            exe.clone(),
+            vec![],
+            vec![Argument::Host(host.clone()), Argument::Host(host)],
+            Some(device),
+        )
+        .unwrap();
+        let out = run.execute().unwrap();
+        assert_eq!(
+            (out[0].device(), buffer_f32s(&out[0])),
+            (device, vec![2.0, 2.0, 2.0])
+        );
+    }
+}
+
+#[test]
+fn buffers_on_another_device_are_refused_naming_both() {
+    let c = client();
+    let exe = compile(ADD_F32);
+    let on = |device| {
+        Arc::new(
+            c.buffer_from_host_on(&le(&[0f32; 3]), DType::F32, &[3], device)
+                .unwrap(),
+        )
+    };
+    let names = |i: usize| c.device_name(i);
+    let err = Run::new(exe.clone(), vec![], devices(&[&on(0), &on(1)])).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("argument 1 is on device {}", names(1))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "the run is on device {} (where argument 0 is)",
+            names(0)
+        )),
+        "{text}"
+    );
+    let err = Run::on_device(exe.clone(), vec![], devices(&[&on(1), &on(1)]), Some(2)).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "argument 0 is on device {}, but the run is on device {}:",
+            names(1),
+            names(2)
+        )),
+        "{err}"
+    );
+    let n = c.device_count();
+    let err = Run::on_device(exe.clone(), vec![], devices(&[&on(0), &on(0)]), Some(n)).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "device {n} is out of range: this node has {n} devices"
+        )),
+        "{err}"
+    );
+    let err = c
+        .buffer_from_host_on(&le(&[0f32; 3]), DType::F32, &[3], n)
+        .unwrap_err();
+    assert!(err.to_string().contains("out of range"), "{err}");
+}

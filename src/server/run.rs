@@ -17,7 +17,7 @@
 
 use super::error::RequestError;
 use super::parse::{
-    argument, boolean, keywords, milliseconds_or_infinity, reference, Elements, Milliseconds,
+    self, argument, boolean, keywords, milliseconds_or_infinity, reference, Elements, Milliseconds,
 };
 use super::resources::Resource;
 use super::state::State;
@@ -56,6 +56,8 @@ struct RunOptions {
     callback_timeout: Option<Option<Duration>>,
     /// `Some(None)`: `:infinity`.
     queue_timeout: Option<Option<Duration>>,
+    /// `device: n` as given, checked against the node's devices when applied.
+    device: Option<Term>,
 }
 
 impl RunRequest {
@@ -84,9 +86,16 @@ impl RunRequest {
         // Checked before the run takes a place: wrong arguments never wait in the queue.
         let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
         let leading = handle.map(RunHandle::tensor).into_iter().collect();
-        let run = match Run::new(program.exe.clone(), leading, given) {
+        let device = options
+            .device
+            .as_ref()
+            .map(|n| parse::device("device", n, state.client().device_count()))
+            .transpose();
+        let run = match device.and_then(|device| {
+            Run::on_device(program.exe.clone(), leading, given, device).map_err(Into::into)
+        }) {
             Ok(run) => run,
-            Err(e) => return reply(state, &from, Err(e.into())),
+            Err(e) => return reply(state, &from, Err(e)),
         };
         let calls_back = program.calls_back;
         let queue_timeout = options.queue_timeout;
@@ -150,6 +159,7 @@ fn execute(
     options: &RunOptions,
     from: &Caller,
 ) -> Result<Vec<Term>, XlaError> {
+    let _running = state.device_runs().start(run.device());
     let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
@@ -212,6 +222,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
     let mut options = RunOptions::default();
     for (key, value) in keywords(opts)? {
         match key.as_str() {
+            "device" => options.device = Some(value),
             "keep_on_device" => options.keep_on_device = boolean(&key, &value)?,
             "callback_server" => {
                 options.callback_server = Some(Dest::from_term(&value).ok_or_else(|| {
@@ -236,7 +247,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
             }
             other => {
                 return Err(argument(format!(
-                    "unknown run option {other} (supported: keep_on_device, callback_server, callback_timeout, queue_timeout)"
+                    "unknown run option {other} (supported: device, keep_on_device, callback_server, callback_timeout, queue_timeout)"
                 )))
             }
         }

@@ -10,7 +10,7 @@
 //! an executor thread at the end.
 
 use super::error::RequestError;
-use super::parse::{argument, keywords, reference, Elements};
+use super::parse::{argument, keywords, placement_options, reference, Elements};
 use super::resources::Resource;
 use super::state::State;
 use crate::node::gen::Caller;
@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 /// A tensor arriving in chunks.
 pub struct Upload {
     spec: TensorSpec,
+    /// Where the tensor goes: an index into `:info`'s `devices`.
+    device: usize,
     /// Bytes the whole tensor takes (its bits rounded up).
     total: usize,
     parts: Mutex<Parts>,
@@ -90,10 +92,12 @@ impl Upload {
     }
 }
 
-/// `{:upload, {type, dims}}`, parsed: a tensor that will come in chunks.
+/// `{:upload, {type, dims}}` / `{:upload, {type, dims}, [device: n]}`, parsed: a tensor that
+/// will come in chunks.
 #[derive(Debug)]
 pub struct UploadRequest {
     spec: TensorSpec,
+    options: Option<Term>,
 }
 
 impl UploadRequest {
@@ -101,12 +105,17 @@ impl UploadRequest {
         let (dtype, dims) = parse_shape(&elements.required()).map_err(RequestError::Argument)?;
         Ok(UploadRequest {
             spec: TensorSpec::new(dtype, dims),
+            options: elements.optional(),
         })
     }
 
     /// Replies `{:ok, upload}`, to which chunks are then sent; refused now rather than after
     /// the bytes came when the tensor cannot fit under `--max-device-bytes` at all.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let device = match placement_options(self.options, state.client().device_count()) {
+            Ok(device) => device,
+            Err(e) => return state.reply_error(&from, &e),
+        };
         let total = self.spec.bit_size().div_ceil(8);
         // The reservation itself is taken again when the tensor is placed.
         let begun = state
@@ -115,6 +124,7 @@ impl UploadRequest {
                 drop(fits);
                 let upload = Upload {
                     spec: self.spec,
+                    device,
                     total,
                     parts: Mutex::default(),
                 };
@@ -193,7 +203,7 @@ impl UploadDoneRequest {
             let uploaded = upload
                 .assemble()
                 .map_err(RequestError::Argument)
-                .and_then(|tensor| state.upload(&tensor, &from.pid))
+                .and_then(|tensor| state.upload(&tensor, upload.device, &from.pid))
                 .map(Term::from);
             state.reply_result(&from, uploaded);
         });

@@ -38,6 +38,9 @@ use super::tensor::HostTensor;
 pub struct CompileOptions {
     pub num_replicas: u32,
     pub num_partitions: u32,
+    /// A portable executable has no device of its own: each execution names the device it runs
+    /// on (`execute_device`), so one compile serves every device of the client.
+    pub portable: bool,
 }
 
 impl Default for CompileOptions {
@@ -45,13 +48,15 @@ impl Default for CompileOptions {
         CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
+            portable: true,
         }
     }
 }
 
 impl CompileOptions {
     /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
-    /// num_partitions (5)}}`. Never empty: empty options abort the CPU plugin.
+    /// num_partitions (5)}, compile_portable_executable (4)}`. Never empty: empty options abort
+    /// the CPU plugin.
     pub fn to_proto(&self) -> Vec<u8> {
         let mut ebo = Vec::new();
         ebo.push(0x20);
@@ -61,6 +66,9 @@ impl CompileOptions {
         let mut out = vec![0x1a];
         put_varint(&mut out, ebo.len() as u64);
         out.extend_from_slice(&ebo);
+        if self.portable {
+            out.extend_from_slice(&[0x20, 0x01]);
+        }
         out
     }
 }
@@ -91,9 +99,13 @@ pub struct Executable {
     /// layout is fixed at compile time), learned from the first run on CPU.
     outputs_direct: OnceLock<Vec<bool>>,
     /// CPU platform only: sets of input buffers, one slot per parameter, that
-    /// small host arguments are copied into; a run takes a set for its duration.
-    staging: Mutex<Vec<Vec<Option<Buffer>>>>,
+    /// small host arguments are copied into, each with the device its buffers are on; a run
+    /// takes a set of its device for its duration.
+    staging: Mutex<Vec<(usize, StagingSet)>>,
 }
+
+/// One reused input buffer per parameter (`None` until a host argument fills it).
+type StagingSet = Vec<Option<Buffer>>;
 
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
@@ -106,8 +118,8 @@ pub enum Argument {
     Device(Arc<Buffer>),
 }
 
-/// Sets of reused input buffers an executable keeps (runs beyond this many at
-/// once create and drop their own).
+/// Sets of reused input buffers an executable keeps per device (runs beyond this many at
+/// once on one device create and drop their own).
 const STAGING_MAX_SETS: usize = 4;
 
 // SAFETY: PJRT loaded executables may be executed concurrently from any
@@ -279,6 +291,11 @@ impl Executable {
         &self.outputs
     }
 
+    /// The client it was compiled for.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Whether `buffer` lives on this executable's client (a buffer of another client cannot
     /// be an argument).
     pub(super) fn owns(&self, buffer: &Buffer) -> bool {
@@ -379,7 +396,8 @@ impl Executable {
         })
     }
 
-    /// Executes with `args` on device 0 and waits for it; returns one buffer per result.
+    /// Executes with `args` on `device` (an index into the client's addressable devices, where
+    /// every buffer of `args` is) and waits for it; returns one buffer per result.
     /// Errors raised during the run (including by host custom-call handlers) come back as
     /// [`XlaError::Runtime`] with XLA's text. Calls `launched` once `Execute` has returned,
     /// before the results are awaited, with whether the program had already completed: XLA's
@@ -389,8 +407,10 @@ impl Executable {
     fn execute(
         &self,
         args: &[&Buffer],
+        device: usize,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
+        let execute_device = self.client.addressable_device(device)?;
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let arg_lists: [*const *mut PJRT_Buffer; 1] = [arg_ptrs.as_ptr()];
@@ -410,8 +430,10 @@ impl Executable {
         e.num_args = arg_ptrs.len();
         e.output_lists = out_lists.as_ptr();
         e.device_complete_events = complete.as_mut_ptr();
+        // Executables are compiled portable (see `CompileOptions`): each run names its device.
+        e.execute_device = execute_device;
         // SAFETY: matching args; argument buffers were checked against the
-        // signature (count, dtype, dims, client: see `Run::new`) and are
+        // signature (count, dtype, dims, client, device: see `Run::new`) and are
         // borrowed for the whole call; the output array has room for every output; all arrays
         // outlive the call.
         let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
@@ -433,6 +455,7 @@ impl Executable {
                 &self.client,
                 p,
                 spec.clone(),
+                device,
                 direct,
             ));
         }
@@ -458,11 +481,12 @@ impl Executable {
         Ok(outputs)
     }
 
-    /// Runs the program with `args`, which [`Run::new`](super::Run::new) checked against its
-    /// parameters; `launched` as in [`Executable::execute`].
+    /// Runs the program with `args` on `device`, which [`Run::new`](super::Run::new) checked
+    /// against its parameters; `launched` as in [`Executable::execute`].
     pub(super) fn run_checked(
         &self,
         args: &[Argument],
+        device: usize,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
         let host_bytes: usize = args
@@ -473,12 +497,16 @@ impl Executable {
             })
             .sum();
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
-            let taken = self.staging.lock().expect("staging lock").pop();
+            let taken = {
+                let mut pool = self.staging.lock().expect("staging lock");
+                let found = pool.iter().rposition(|(on, _)| *on == device);
+                found.map(|i| pool.swap_remove(i).1)
+            };
             let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, args, launched);
+            let result = self.run_staged(&mut set, args, device, launched);
             let mut pool = self.staging.lock().expect("staging lock");
-            if pool.len() < STAGING_MAX_SETS {
-                pool.push(set);
+            if pool.iter().filter(|(on, _)| *on == device).count() < STAGING_MAX_SETS {
+                pool.push((device, set));
             }
             return result;
         }
@@ -487,12 +515,12 @@ impl Executable {
             .map(|arg| match arg {
                 Argument::Host(t) => self
                     .client
-                    .buffer_from_host(&t.data, t.dtype, &t.dims)
+                    .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)
                     .map(Some),
                 Argument::Device(_) => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.execute(&Self::argument_buffers(args, &uploaded), launched)
+        self.execute(&Self::argument_buffers(args, &uploaded), device, launched)
     }
 
     /// [`Executable::run_checked`] with host arguments copied into `set`'s
@@ -502,17 +530,21 @@ impl Executable {
         &self,
         set: &mut [Option<Buffer>],
         args: &[Argument],
+        device: usize,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
         for (slot, arg) in set.iter_mut().zip(args) {
             if let Argument::Host(t) = arg {
                 let refilled = slot.as_mut().is_some_and(|b| b.overwrite(&t.data));
                 if !refilled {
-                    *slot = Some(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
+                    *slot = Some(
+                        self.client
+                            .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)?,
+                    );
                 }
             }
         }
-        self.execute(&Self::argument_buffers(args, set), launched)
+        self.execute(&Self::argument_buffers(args, set), device, launched)
     }
 
     /// The buffers to execute with: device arguments as given, host arguments

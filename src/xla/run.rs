@@ -20,16 +20,31 @@ use super::tensor::HostTensor;
 pub struct Run {
     exe: Arc<Executable>,
     args: Vec<Argument>,
+    /// Where it executes: an index into the client's addressable devices.
+    device: usize,
 }
 
 impl Run {
     /// Checks `given` against the parameters of `exe`. `leading`: host arrays the node puts
     /// ahead of them (the callback handle that EXLA's modules take as parameter 0); error texts
-    /// count the given arguments only, which are the ones the caller knows of.
+    /// count the given arguments only, which are the ones the caller knows of. It runs where
+    /// its buffers are, on device 0 if it names none (see [`Run::on_device`]).
     pub fn new(
         exe: Arc<Executable>,
         leading: Vec<HostTensor>,
         given: Vec<Argument>,
+    ) -> Result<Run, XlaError> {
+        Run::on_device(exe, leading, given, None)
+    }
+
+    /// [`Run::new`] on `device` (an index into the client's addressable devices; `None`: where
+    /// its buffers are, else device 0). Buffers are never moved: one on another device than the
+    /// run's is refused, and the error names both devices.
+    pub fn on_device(
+        exe: Arc<Executable>,
+        leading: Vec<HostTensor>,
+        given: Vec<Argument>,
+        device: Option<usize>,
     ) -> Result<Run, XlaError> {
         let params = exe.parameters();
         let supplied = leading.len();
@@ -79,7 +94,13 @@ impl Run {
                 param.byte_size(),
             )));
         }
-        Ok(Run { exe, args })
+        let device = run_device(&exe, &args, supplied, device)?;
+        Ok(Run { exe, args, device })
+    }
+
+    /// Where it executes: an index into the client's addressable devices.
+    pub fn device(&self) -> usize {
+        self.device
     }
 
     /// Bytes this run puts on the device beyond the buffers it names: its host arguments,
@@ -98,7 +119,7 @@ impl Run {
         (uploaded + results) as u64
     }
 
-    /// Executes on the client's first device and waits for the results, one buffer each.
+    /// Executes on its device and waits for the results, one buffer each.
     pub fn execute(&self) -> Result<Vec<Buffer>, XlaError> {
         self.execute_observed(&mut |_| {})
     }
@@ -111,8 +132,50 @@ impl Run {
         &self,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        self.exe.run_checked(&self.args, launched)
+        self.exe.run_checked(&self.args, self.device, launched)
     }
+}
+
+/// The device a run executes on: `asked` if given, else that of its first buffer, else 0;
+/// every buffer must be on it.
+fn run_device(
+    exe: &Executable,
+    args: &[Argument],
+    supplied: usize,
+    asked: Option<usize>,
+) -> Result<usize, XlaError> {
+    let client = exe.client();
+    let buffers = args.iter().enumerate().filter_map(|(i, arg)| match arg {
+        Argument::Device(b) => Some((i, b.device())),
+        Argument::Host(_) => None,
+    });
+    let mut chosen: Option<(usize, Option<usize>)> = asked.map(|d| (d, None));
+    if let Some(d) = asked {
+        client.addressable_device(d)?;
+    }
+    for (i, on) in buffers {
+        match chosen {
+            None => chosen = Some((on, Some(i))),
+            Some((device, _)) if device == on => {}
+            Some((device, by)) => {
+                let run_on = match by {
+                    Some(j) => format!(
+                        "{} (where {} is)",
+                        client.device_name(device),
+                        name(j, supplied)
+                    ),
+                    None => client.device_name(device),
+                };
+                return Err(XlaError::Argument(format!(
+                    "{} is on device {}, but the run is on device {run_on}: the node does not move \
+                     buffers between devices (read it and place it there, or run on its device)",
+                    name(i, supplied),
+                    client.device_name(on),
+                )));
+            }
+        }
+    }
+    Ok(chosen.map_or(0, |(device, _)| device))
 }
 
 /// How error texts name argument `i` of a list whose first `supplied` the node supplies.
