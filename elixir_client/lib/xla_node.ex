@@ -62,6 +62,7 @@ defmodule XlaNode do
   @default_timeout 60_000
 
   @run_options [
+    device: :non_neg_integer,
     keep_on_device: :boolean,
     callback_server: :process,
     callback_timeout: :positive_timeout,
@@ -151,6 +152,11 @@ defmodule XlaNode do
 
   Options:
 
+    * `:device` - the device to run on, an index into `info/2`'s `devices` (default: the device
+      of the buffers among `args`, else 0). Tensors among `args` are copied there; a buffer on
+      another device is refused with an `XlaNode.Error` of kind `:argument_error` that names
+      both devices (the node never moves buffers between devices). Results kept on the device
+      stay on the run's device
     * `:keep_on_device` - a boolean: leave the results on the device and return buffers
       (default `false`)
     * `:callback_server` - the process that serves the program's host callbacks, usually an
@@ -223,13 +229,28 @@ defmodule XlaNode do
 
   A tensor of any size: one larger than 32 MiB (or than the node's message limit allows) goes
   in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
-  `60_000`, for each of its calls).
+  `60_000`, for each of its calls); `:device`, the device the buffer lives on, an index into
+  `info/2`'s `devices` (default 0): a run with it runs there.
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
   """
   @spec to_device(server(), tensor(), keyword()) :: {:ok, buffer()} | error()
-  def to_device(server, tensor, opts \\ []),
-    do: call(server, {:to_device, tensor}, timeout!(opts, "XlaNode.to_device/3"))
+  def to_device(server, tensor, opts \\ []) do
+    opts =
+      Options.validate!(opts, "XlaNode.to_device/3",
+        timeout: :timeout,
+        device: :non_neg_integer
+      )
+
+    request =
+      case Keyword.fetch(opts, :device) do
+        {:ok, device} -> {:to_device, tensor, [device: device]}
+        :error -> {:to_device, tensor}
+      end
+
+    call(server, request, Keyword.get(opts, :timeout, @default_timeout))
+  end
 
   @doc """
   Like `to_device/3` but returns the buffer or raises `XlaNode.Error`.

@@ -6,7 +6,8 @@ defmodule XlaNode.Transfer do
   with it every buffer the processes of that peer hold there. So `XlaNode.to_device/3` and
   `XlaNode.read/3` (and through them `XlaNode.Backend`) move a tensor larger than one chunk as
   a stream of chunks: `{:upload, {type, dims}}`, then one `GenServer.cast` of
-  `{:upload, upload, chunk}` per chunk, then `{:upload_done, upload}`; a read asks for
+  `{:upload, upload, chunk}` per chunk, then `{:upload_done, upload}` (a placed tensor begins
+  with `{:upload, {type, dims}, [device: n]}`); a read asks for
   `{:read, buffer, chunk_bytes: n}` and receives the chunks as messages. A chunk is 32 MiB, or
   less where the node's limit (`:info`'s `max_message_bytes`, asked once per node and kept in
   `:persistent_term`) is lower.
@@ -25,7 +26,17 @@ defmodule XlaNode.Transfer do
   def call(target, {:to_device, {data, {type, dims}}} = request, timeout)
       when is_bitstring(data) do
     if bit_size(data) > 8 * chunk_bytes(target, timeout) do
-      upload(target, data, {type, dims}, timeout)
+      upload(target, data, {:upload, {type, dims}}, timeout)
+    else
+      GenServer.call(target, request, timeout)
+    end
+  end
+
+  # With placement options (`device: n`), which the upload takes too.
+  def call(target, {:to_device, {data, {type, dims}}, opts} = request, timeout)
+      when is_bitstring(data) do
+    if bit_size(data) > 8 * chunk_bytes(target, timeout) do
+      upload(target, data, {:upload, {type, dims}, opts}, timeout)
     else
       GenServer.call(target, request, timeout)
     end
@@ -78,8 +89,8 @@ defmodule XlaNode.Transfer do
   defp node_of(pid) when is_pid(pid), do: node(pid)
   defp node_of(name) when is_atom(name), do: node()
 
-  defp upload(target, data, shape, timeout) do
-    case GenServer.call(target, {:upload, shape}, timeout) do
+  defp upload(target, data, begin, timeout) do
+    case GenServer.call(target, begin, timeout) do
       {:ok, upload} ->
         chunk = chunk_bytes(target, timeout)
         data |> whole_bytes() |> send_chunks(target, upload, chunk)

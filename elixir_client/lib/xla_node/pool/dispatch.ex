@@ -37,6 +37,10 @@ defmodule XlaNode.Pool.Dispatch do
       {:to_device, tensor} ->
         anywhere(ctx, deadline, &XlaNode.to_device(&1, tensor, timeout: &2))
 
+      # Placed on that device of whichever node the pool chooses.
+      {:to_device, tensor, placement} ->
+        anywhere(ctx, deadline, &XlaNode.to_device(&1, tensor, [timeout: &2] ++ placement))
+
       {:read, buffer} ->
         on_buffer_node(ctx, buffer, deadline, &XlaNode.read(&1, buffer, timeout: &2))
 

@@ -1,0 +1,157 @@
+defmodule XlaNode.DevicesTest do
+  @moduledoc """
+  Every device of a node: buffers placed on a device (`{:to_device, tensor, [device: n]}`,
+  `{:upload, shape, [device: n]}`), runs on the device of their buffers or the one `device: n`
+  names, results left where the run was, `:info`'s per-device run counts, and the refusals: a
+  device index out of range, buffers on two devices, a buffer on another device than the run's.
+  Through raw `GenServer.call`s, then through `XlaNode.to_device/3` and `XlaNode.run/4`.
+
+  The node starts with four CPU devices (the CPU plugin's `cpu_device_count`).
+  """
+  use ExUnit.Case, async: true
+
+  alias XlaNode.{Harness, Tensor}
+
+  # The device count is the CPU plugin's option.
+  @moduletag :cpu_only
+
+  @devices 4
+
+  @add """
+  func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+    %y = stablehlo.add %a, %b : tensor<3xf32>
+    return %y : tensor<3xf32>
+  }
+  """
+
+  setup_all do
+    node = Harness.start_node(args: ["--pjrt-option", "cpu_device_count=#{@devices}"])
+    {:ok, exe} = call(node, {:compile, @add})
+    %{node: node, exe: exe}
+  end
+
+  defp call(node, request), do: GenServer.call({:xla, node.name}, request, 30_000)
+
+  defp f32(list), do: Tensor.from_list(list, {:f, 32})
+
+  defp read!(node, buffer) do
+    {:ok, tensor} = call(node, {:read, buffer})
+    Tensor.to_list(tensor)
+  end
+
+  defp runs_per_device(node) do
+    {:ok, %{device_info: devices}} = call(node, :info)
+    Enum.map(devices, & &1.runs)
+  end
+
+  test "the node shows its devices", %{node: node} do
+    assert {:ok, %{devices: ["cpu:0", "cpu:1", "cpu:2", "cpu:3"], device_info: info}} =
+             call(node, :info)
+
+    assert [%{id: 0, runs: _, running: 0} | _] = info
+  end
+
+  test "buffers and runs on each device; a result stays on its run's device",
+       %{node: node, exe: exe} do
+    for device <- 0..(@devices - 1) do
+      before = runs_per_device(node)
+      {:ok, a} = call(node, {:to_device, f32([1.0, 2.0, 3.0]), [device: device]})
+      {:ok, b} = call(node, {:to_device, f32([10.0, 20.0, 30.0]), [device: device]})
+      assert {:ok, [sum]} = call(node, {:run, exe, [a, b], [keep_on_device: true]})
+      assert read!(node, sum) == [11.0, 22.0, 33.0]
+
+      # The result is on the same device: it runs with b there, and is refused beside a
+      # buffer of another device.
+      assert {:ok, [again]} = call(node, {:run, exe, [sum, b]})
+      assert Tensor.to_list(again) == [21.0, 42.0, 63.0]
+      other = rem(device + 1, @devices)
+      {:ok, elsewhere} = call(node, {:to_device, f32([0.0, 0.0, 0.0]), [device: other]})
+      assert {:error, {:argument_error, message}} = call(node, {:run, exe, [sum, elsewhere]})
+      assert message =~ "argument 1 is on device cpu:#{other}"
+      assert message =~ "the run is on device cpu:#{device} (where argument 0 is)"
+
+      # Two runs counted on that device, none elsewhere (async: other tests of this module run
+      # on the same node one at a time).
+      after_runs = runs_per_device(node)
+      counted = Enum.zip_with(after_runs, before, &(&1 - &2))
+      assert Enum.at(counted, device) == 2
+      assert Enum.sum(counted) == 2
+    end
+  end
+
+  test "a run on device: n takes host tensors there and leaves its results there",
+       %{node: node, exe: exe} do
+    assert {:ok, [on_2]} =
+             call(
+               node,
+               {:run, exe, [f32([1.0, 1.0, 1.0]), f32([2.0, 2.0, 2.0])],
+                [device: 2, keep_on_device: true]}
+             )
+
+    {:ok, b2} = call(node, {:to_device, f32([1.0, 1.0, 1.0]), [device: 2]})
+    assert {:ok, [y]} = call(node, {:run, exe, [on_2, b2]})
+    assert Tensor.to_list(y) == [4.0, 4.0, 4.0]
+
+    {:ok, b0} = call(node, {:to_device, f32([1.0, 1.0, 1.0])})
+    assert {:error, {:argument_error, message}} = call(node, {:run, exe, [on_2, b0]})
+    assert message =~ "argument 1 is on device cpu:0"
+
+    # device: n names the run's device, and a buffer elsewhere is refused naming both.
+    assert {:error, {:argument_error, message}} =
+             call(node, {:run, exe, [b0, f32([1.0, 1.0, 1.0])], [device: 3]})
+
+    assert message =~ "argument 0 is on device cpu:0, but the run is on device cpu:3"
+    assert message =~ "does not move buffers between devices"
+  end
+
+  test "an upload in chunks lands on its device", %{node: node, exe: exe} do
+    assert {:ok, upload} = call(node, {:upload, {{:f, 32}, [3]}, [device: 3]})
+    <<head::binary-size(4), rest::binary>> = elem(f32([5.0, 6.0, 7.0]), 0)
+    GenServer.cast({:xla, node.name}, {:upload, upload, head})
+    assert :ok = call(node, {:upload, upload, rest})
+    assert {:ok, buffer} = call(node, {:upload_done, upload})
+    {:ok, b3} = call(node, {:to_device, f32([1.0, 1.0, 1.0]), [device: 3]})
+    assert {:ok, [y]} = call(node, {:run, exe, [buffer, b3]})
+    assert Tensor.to_list(y) == [6.0, 7.0, 8.0]
+  end
+
+  test "device indices out of range and bad options are refused", %{node: node, exe: exe} do
+    for request <- [
+          {:to_device, f32([1.0]), [device: @devices]},
+          {:upload, {{:f, 32}, [3]}, [device: 99]},
+          {:run, exe, [f32([1.0, 1.0, 1.0]), f32([1.0, 1.0, 1.0])], [device: @devices]}
+        ] do
+      assert {:error, {:argument_error, message}} = call(node, request)
+      assert message =~ "out of range: this node has #{@devices} devices (0..#{@devices - 1})"
+    end
+
+    assert {:error, {:argument_error, message}} =
+             call(node, {:to_device, f32([1.0]), [device: :gpu]})
+
+    assert message =~ "device must be a device index"
+
+    assert {:error, {:argument_error, message}} = call(node, {:to_device, f32([1.0]), [place: 1]})
+
+    assert message =~ "unknown option place (supported: device)"
+    assert :pong = call(node, :ping)
+  end
+
+  test "XlaNode.to_device/3 and XlaNode.run/4 take device:", %{node: node, exe: exe} do
+    {:ok, a} = XlaNode.to_device(node.name, f32([1.0, 2.0, 3.0]), device: 1)
+
+    assert {:ok, [sum]} =
+             XlaNode.run(node.name, exe, [a, f32([1.0, 1.0, 1.0])], keep_on_device: true)
+
+    assert {:ok, [y]} = XlaNode.run(node.name, exe, [sum, a])
+    assert Tensor.to_list(y) == [3.0, 5.0, 7.0]
+
+    assert {:error, %XlaNode.Error{kind: :argument_error, message: message}} =
+             XlaNode.run(node.name, exe, [a, a], device: 0)
+
+    assert message =~ "on device cpu:1, but the run is on device cpu:0"
+
+    assert_raise ArgumentError, ~r/option :device must be/, fn ->
+      XlaNode.to_device(node.name, f32([1.0]), device: -1)
+    end
+  end
+end
