@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{plugin, run_host};
 use xla_node::xla::{
-    register_host_handler, Argument, Attr, Buffer, Client, DType, Executable, Executor, HostTensor,
-    Run, TensorSpec, XlaError,
+    register_host_handler, Argument, Attr, Buffer, Client, CompileOptions, DType, Executable,
+    Executor, HostTensor, Run, TensorSpec, XlaError,
 };
 
 fn client() -> Client {
@@ -1383,4 +1383,105 @@ fn buffers_on_another_device_are_refused_naming_both() {
         .buffer_from_host_on(&le(&[0f32; 3]), DType::F32, &[3], n)
         .unwrap_err();
     assert!(err.to_string().contains("out of range"), "{err}");
+}
+
+/// An MLP layer with the batch split over two devices and the weight whole on each; the second
+/// result, the sum of every input, needs the devices to add up their parts.
+const SPMD_LAYER: &str = r#"module @spmd attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<4x3xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, %w: tensor<3x2xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<4x2xf32>
+    %1 = stablehlo.tanh %0 : tensor<4x2xf32>
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    %2 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<f32>
+    return %1, %2 : tensor<4x2xf32>, tensor<f32>
+  }
+}"#;
+
+#[test]
+fn an_spmd_program_runs_on_two_devices_with_one_shard_each() {
+    let c = client();
+    let devices = vec![c.device_id(1).unwrap(), c.device_id(3).unwrap()];
+    let exe = Arc::new(
+        c.compile_with_options(SPMD_LAYER.as_bytes(), &CompileOptions::partitioned(devices))
+            .unwrap(),
+    );
+    assert_eq!(exe.partition_devices(), [1, 3]);
+    assert_eq!(
+        exe.parameters(),
+        [
+            TensorSpec::new(DType::F32, vec![2, 3]),
+            TensorSpec::new(DType::F32, vec![3, 2])
+        ],
+        "each device takes its shard"
+    );
+    let x: Vec<f32> = (0..12).map(|i| i as f32 / 10.0).collect();
+    let w: Vec<f32> = vec![0.5, -0.5, 0.25, 1.0, -1.0, 0.1];
+    let shard =
+        |rows: std::ops::Range<usize>| t(DType::F32, &[2, 3], le(&x[rows.start * 3..rows.end * 3]));
+    let weight = || t(DType::F32, &[3, 2], le(&w));
+    let on_3 = Arc::new(
+        c.buffer_from_host_on(&le(&w), DType::F32, &[3, 2], 3)
+            .unwrap(),
+    );
+    let run = Run::partitioned(
+        exe.clone(),
+        vec![
+            vec![Argument::Host(shard(0..2)), Argument::Host(weight())],
+            vec![Argument::Host(shard(2..4)), Argument::Device(on_3.clone())],
+        ],
+    )
+    .unwrap();
+    let out = run.execute().unwrap();
+    assert_eq!(out.len(), 4, "two results on each of two devices");
+    assert_eq!(
+        out.iter().map(|b| b.reported_device()).collect::<Vec<_>>(),
+        [Some(1), Some(1), Some(3), Some(3)]
+    );
+    let expected: Vec<f32> = (0..4)
+        .flat_map(|r| (0..2).map(move |col| (r, col)))
+        .map(|(r, col)| {
+            (0..3)
+                .map(|k| x[r * 3 + k] * w[k * 2 + col])
+                .sum::<f32>()
+                .tanh()
+        })
+        .collect();
+    let mut got = buffer_f32s(&out[0]);
+    got.extend(buffer_f32s(&out[2]));
+    for (g, e) in got.iter().zip(&expected) {
+        assert!((g - e).abs() < 1e-5, "{got:?} vs {expected:?}");
+    }
+    let total: f32 = x.iter().sum();
+    assert!((buffer_f32s(&out[1])[0] - total).abs() < 1e-4);
+    assert!((buffer_f32s(&out[3])[0] - total).abs() < 1e-4);
+
+    // A buffer on another device than its partition's, and the wrong number of lists.
+    let err = Run::partitioned(
+        exe.clone(),
+        vec![
+            vec![Argument::Host(shard(0..2)), Argument::Device(on_3.clone())],
+            vec![Argument::Host(shard(2..4)), Argument::Device(on_3)],
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "device 0 ({}): argument 1 is on device {}",
+            c.device_name(1),
+            c.device_name(3)
+        )),
+        "{err}"
+    );
+    let err = Run::partitioned(exe.clone(), vec![vec![]]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("runs on 2 devices at once, got 1 lists"),
+        "{err}"
+    );
+    let err = Run::new(exe, vec![], vec![]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("give one list of arguments per device"),
+        "{err}"
+    );
 }

@@ -502,6 +502,25 @@ impl Client {
         }
     }
 
+    /// The index among the addressable devices of the device whose PJRT id is `id`.
+    pub(crate) fn addressable_index_of(&self, id: i64) -> Result<usize, XlaError> {
+        self.0
+            .addressable
+            .iter()
+            .position(|&h| {
+                let i = self.0.device_handles.iter().position(|&d| d == h);
+                i.is_some_and(|i| self.0.devices[i].id as i64 == id)
+            })
+            .ok_or_else(|| XlaError::Argument(format!("no addressable device has id {id}")))
+    }
+
+    /// The PJRT id of addressable device `index` (what a device assignment names).
+    pub fn device_id(&self, index: usize) -> Result<i64, XlaError> {
+        let handle = self.addressable_device(index)?;
+        let i = self.0.device_handles.iter().position(|&h| h == handle);
+        Ok(i.map_or(index as i64, |i| self.0.devices[i].id as i64))
+    }
+
     /// The plugin's handle of addressable device `index`, or an error saying how many there are.
     pub(crate) fn addressable_device(&self, index: usize) -> Result<*mut PJRT_Device, XlaError> {
         self.0.addressable.get(index).copied().ok_or_else(|| {

@@ -41,6 +41,9 @@ pub struct CompileOptions {
     /// A portable executable has no device of its own: each execution names the device it runs
     /// on (`execute_device`), so one compile serves every device of the client.
     pub portable: bool,
+    /// For an SPMD program (`num_partitions` > 1): the PJRT device id of each partition, in
+    /// order (the device assignment).
+    pub partition_devices: Vec<i64>,
 }
 
 impl Default for CompileOptions {
@@ -49,20 +52,54 @@ impl Default for CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
             portable: true,
+            partition_devices: Vec::new(),
         }
     }
 }
 
 impl CompileOptions {
+    /// One SPMD program over the devices whose PJRT ids `device_ids` gives, one partition each
+    /// (XLA's SPMD partitioner splits it as the module's sharding annotations say).
+    pub fn partitioned(device_ids: Vec<i64>) -> CompileOptions {
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: device_ids.len() as u32,
+            portable: false,
+            partition_devices: device_ids,
+        }
+    }
+
     /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
-    /// num_partitions (5)}, compile_portable_executable (4)}`. Never empty: empty options abort
-    /// the CPU plugin.
+    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9)},
+    /// compile_portable_executable (4)}`. Never empty: empty options abort the CPU plugin.
+    /// `DeviceAssignmentProto{replica_count (1), computation_count (2), computation_devices (3):
+    /// [{replica_device_ids (1)}]}`, one computation per partition.
     pub fn to_proto(&self) -> Vec<u8> {
         let mut ebo = Vec::new();
         ebo.push(0x20);
         put_varint(&mut ebo, self.num_replicas as u64);
         ebo.push(0x28);
         put_varint(&mut ebo, self.num_partitions as u64);
+        if !self.partition_devices.is_empty() {
+            ebo.extend_from_slice(&[0x30, 0x01]);
+            let mut assignment = vec![0x08];
+            put_varint(&mut assignment, self.num_replicas as u64);
+            assignment.push(0x10);
+            put_varint(&mut assignment, self.partition_devices.len() as u64);
+            for &id in &self.partition_devices {
+                let mut ids = Vec::new();
+                put_varint(&mut ids, id as u64);
+                let mut computation = vec![0x0a];
+                put_varint(&mut computation, ids.len() as u64);
+                computation.extend_from_slice(&ids);
+                assignment.push(0x1a);
+                put_varint(&mut assignment, computation.len() as u64);
+                assignment.extend_from_slice(&computation);
+            }
+            ebo.push(0x4a);
+            put_varint(&mut ebo, assignment.len() as u64);
+            ebo.extend_from_slice(&assignment);
+        }
         let mut out = vec![0x1a];
         put_varint(&mut out, ebo.len() as u64);
         out.extend_from_slice(&ebo);
@@ -95,6 +132,9 @@ pub struct Executable {
     parameters: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     non_donatable: Vec<i64>,
+    /// An SPMD program's devices, one per partition (indices into the client's addressable
+    /// devices); empty for a portable single-device program.
+    partition_devices: Vec<usize>,
     /// Whether each output's memory is the dense row-major array itself (its
     /// layout is fixed at compile time), learned from the first run on CPU.
     outputs_direct: OnceLock<Vec<bool>>,
@@ -157,7 +197,7 @@ impl Client {
     }
 
     /// Compiles MLIR (StableHLO) text or bytecode.
-    pub(super) fn compile_with_options(
+    pub fn compile_with_options(
         &self,
         program: &[u8],
         options: &CompileOptions,
@@ -200,11 +240,20 @@ impl Client {
             parameters: Vec::new(),
             outputs: Vec::new(),
             non_donatable: Vec::new(),
+            partition_devices: options
+                .partition_devices
+                .iter()
+                .map(|&id| self.addressable_index_of(id))
+                .collect::<Result<_, _>>()?,
             outputs_direct: OnceLock::new(),
             staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
-        let text_parameters = text.and_then(signature::mlir_main_parameters);
+        // An SPMD program's text gives the whole arrays; each device takes its shard, which
+        // only XLA's partitioned program tells.
+        let text_parameters = text
+            .filter(|_| exe.partition_devices.is_empty())
+            .and_then(signature::mlir_main_parameters);
         // XLA's own program is read only where needed: for parameters the text does not tell,
         // and for faults that only it shows (see `known_faults`).
         let hlo = if text_parameters.is_none() || text.is_some_and(known_faults::mentions_two_bit) {
@@ -284,6 +333,12 @@ impl Executable {
     /// Parameter types, in order.
     pub fn parameters(&self) -> &[TensorSpec] {
         &self.parameters
+    }
+
+    /// An SPMD program's devices, one per partition (indices into the client's addressable
+    /// devices); empty for a single-device program, which runs on any device.
+    pub fn partition_devices(&self) -> &[usize] {
+        &self.partition_devices
     }
 
     /// Result types, in order: what a run leaves on the device.
@@ -477,6 +532,97 @@ impl Executable {
         if is_cpu && direct.is_none() {
             self.outputs_direct
                 .get_or_init(|| outputs.iter().map(Buffer::is_direct).collect());
+        }
+        Ok(outputs)
+    }
+
+    /// Runs an SPMD program with one argument list per partition, each on its partition's
+    /// device, all checked by [`Run::partitioned`](super::Run::partitioned); returns each
+    /// partition's results in turn (partition 0's, then partition 1's, ...).
+    pub(super) fn run_partitioned(
+        &self,
+        lists: &[Vec<Argument>],
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
+        let uploaded = lists
+            .iter()
+            .zip(&self.partition_devices)
+            .map(|(args, &device)| {
+                args.iter()
+                    .map(|arg| match arg {
+                        Argument::Host(t) => self
+                            .client
+                            .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)
+                            .map(Some),
+                        Argument::Device(_) => Ok(None),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let buffers: Vec<Vec<&Buffer>> = lists
+            .iter()
+            .zip(&uploaded)
+            .map(|(args, host)| Self::argument_buffers(args, host))
+            .collect();
+        let api = self.client.inner().api();
+        let n = self.partition_devices.len();
+        let arg_ptrs: Vec<Vec<*mut PJRT_Buffer>> = buffers
+            .iter()
+            .map(|list| list.iter().map(|b| b.raw()).collect())
+            .collect();
+        let arg_lists: Vec<*const *mut PJRT_Buffer> =
+            arg_ptrs.iter().map(|list| list.as_ptr()).collect();
+        let mut out_ptrs: Vec<Vec<*mut PJRT_Buffer>> =
+            vec![vec![std::ptr::null_mut(); self.outputs.len().max(1)]; n];
+        let out_lists: Vec<*mut *mut PJRT_Buffer> =
+            out_ptrs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut complete: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); n];
+        let mut opts = PJRT_ExecuteOptions::new();
+        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
+        opts.num_non_donatable_input_indices = self.non_donatable.len();
+        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
+        e.executable = self.raw;
+        e.options = &mut opts;
+        e.argument_lists = arg_lists.as_ptr();
+        e.num_devices = n;
+        e.num_args = self.parameters.len();
+        e.output_lists = out_lists.as_ptr();
+        e.device_complete_events = complete.as_mut_ptr();
+        // SAFETY: matching args; one argument list per partition, each checked against the
+        // signature and the partition's device (`Run::partitioned`), borrowed for the whole
+        // call; each output list has room for every output; all arrays outlive the call.
+        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
+        launched(executed.is_err() || complete.iter().all(|&c| api.event_is_ready(c)));
+        executed.map_err(XlaError::Runtime)?;
+        let mut outputs = Vec::with_capacity(n * self.outputs.len());
+        let mut first_err = None;
+        for (list, &device) in out_ptrs.iter().zip(&self.partition_devices) {
+            for (&p, spec) in list.iter().zip(&self.outputs) {
+                if p.is_null() {
+                    first_err.get_or_insert_with(|| {
+                        XlaError::Runtime("execution produced no output buffer".into())
+                    });
+                    continue;
+                }
+                outputs.push(Buffer::from_raw_with_spec(
+                    &self.client,
+                    p,
+                    spec.clone(),
+                    device,
+                    None,
+                ));
+            }
+        }
+        for event in complete {
+            if let Err(msg) = api.await_and_destroy(event) {
+                first_err.get_or_insert(XlaError::Runtime(msg));
+            }
+        }
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        for b in &outputs {
+            b.await_ready()?;
         }
         Ok(outputs)
     }

@@ -20,6 +20,8 @@ use super::tensor::HostTensor;
 pub struct Run {
     exe: Arc<Executable>,
     args: Vec<Argument>,
+    /// An SPMD program's arguments: one list per partition (then `args` is empty).
+    partitions: Vec<Vec<Argument>>,
     /// Where it executes: an index into the client's addressable devices.
     device: usize,
 }
@@ -46,6 +48,13 @@ impl Run {
         given: Vec<Argument>,
         device: Option<usize>,
     ) -> Result<Run, XlaError> {
+        let partitions = exe.partition_devices().len();
+        if partitions > 0 {
+            return Err(XlaError::Argument(format!(
+                "the program runs on {partitions} devices at once: give one list of arguments \
+                 per device"
+            )));
+        }
         let params = exe.parameters();
         let supplied = leading.len();
         if supplied + given.len() != params.len() {
@@ -95,7 +104,106 @@ impl Run {
             )));
         }
         let device = run_device(&exe, &args, supplied, device)?;
-        Ok(Run { exe, args, device })
+        Ok(Run {
+            exe,
+            args,
+            partitions: Vec::new(),
+            device,
+        })
+    }
+
+    /// A run of an SPMD program (compiled over several devices): `lists` holds one list of
+    /// arguments per device of the program, in its order, each checked against the
+    /// parameters (one device's shard of each) and against its device as [`Run::on_device`]
+    /// checks them.
+    pub fn partitioned(exe: Arc<Executable>, lists: Vec<Vec<Argument>>) -> Result<Run, XlaError> {
+        let devices = exe.partition_devices().to_vec();
+        if devices.is_empty() {
+            return Err(XlaError::Argument(
+                "the program runs on one device: give one list of arguments, not one per device"
+                    .into(),
+            ));
+        }
+        if lists.len() != devices.len() {
+            return Err(XlaError::Argument(format!(
+                "the program runs on {} devices at once, got {} lists of arguments",
+                devices.len(),
+                lists.len()
+            )));
+        }
+        let checked = lists
+            .into_iter()
+            .zip(&devices)
+            .enumerate()
+            .map(|(i, (args, &device))| {
+                let on = exe.client().device_name(device);
+                let single =
+                    Run::checked_single(exe.clone(), args, device).map_err(|e| match e {
+                        XlaError::Argument(m) => {
+                            XlaError::Argument(format!("device {i} ({on}): {m}"))
+                        }
+                        other => other,
+                    })?;
+                Ok(single.args)
+            })
+            .collect::<Result<Vec<_>, XlaError>>()?;
+        Ok(Run {
+            exe,
+            args: Vec::new(),
+            partitions: checked,
+            device: devices[0],
+        })
+    }
+
+    /// One partition's arguments checked as a single-device run's on `device`.
+    fn checked_single(
+        exe: Arc<Executable>,
+        args: Vec<Argument>,
+        device: usize,
+    ) -> Result<Run, XlaError> {
+        let params = exe.parameters();
+        if args.len() != params.len() {
+            return Err(XlaError::Argument(format!(
+                "expected {} arguments, got {}",
+                params.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, param)) in args.iter().zip(params).enumerate() {
+            let (given, bytes) = match arg {
+                Argument::Host(t)
+                    if t.dtype == param.dtype
+                        && t.dims == param.dims
+                        && t.data.len() == param.byte_size() =>
+                {
+                    continue
+                }
+                Argument::Host(t) => (t.spec(), t.data.len()),
+                Argument::Device(b) if !exe.owns(b) => {
+                    return Err(XlaError::Argument(format!(
+                        "argument {i}: the buffer belongs to another client"
+                    )))
+                }
+                Argument::Device(b) if b.spec() == param => continue,
+                Argument::Device(b) => (b.spec().clone(), b.byte_size()),
+            };
+            return Err(XlaError::Argument(format!(
+                "argument {i}: expected {param} ({} bytes), got {given} ({bytes} bytes)",
+                param.byte_size(),
+            )));
+        }
+        let device = run_device(&exe, &args, 0, Some(device))?;
+        Ok(Run {
+            exe,
+            args,
+            partitions: Vec::new(),
+            device,
+        })
+    }
+
+    /// How many devices it runs on at once: one, or an SPMD program's partitions.
+    pub fn device_count(&self) -> usize {
+        self.partitions.len().max(1)
     }
 
     /// Where it executes: an index into the client's addressable devices.
@@ -110,12 +218,19 @@ impl Run {
         let uploaded: usize = self
             .args
             .iter()
+            .chain(self.partitions.iter().flatten())
             .map(|arg| match arg {
                 Argument::Host(t) => t.data.len(),
                 Argument::Device(_) => 0,
             })
             .sum();
-        let results: usize = self.exe.outputs().iter().map(|o| o.byte_size()).sum();
+        let results: usize = self
+            .exe
+            .outputs()
+            .iter()
+            .map(|o| o.byte_size())
+            .sum::<usize>()
+            * self.device_count();
         (uploaded + results) as u64
     }
 
@@ -132,6 +247,9 @@ impl Run {
         &self,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
+        if !self.partitions.is_empty() {
+            return self.exe.run_partitioned(&self.partitions, launched);
+        }
         self.exe.run_checked(&self.args, self.device, launched)
     }
 }
