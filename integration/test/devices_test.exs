@@ -24,6 +24,19 @@ defmodule XlaNode.DevicesTest do
   }
   """
 
+  # An MLP layer with the batch split over two devices and the weight whole on each; the second
+  # result, the sum of every input, needs the devices to add up their parts.
+  @spmd_layer """
+  module @spmd attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+    func.func public @main(%x: tensor<4x3xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, %w: tensor<3x2xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<4x2xf32>
+      %zero = stablehlo.constant dense<0.0> : tensor<f32>
+      %1 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<f32>
+      return %0, %1 : tensor<4x2xf32>, tensor<f32>
+    }
+  }
+  """
+
   setup_all do
     node = Harness.start_node(args: ["--pjrt-option", "cpu_device_count=#{@devices}"])
     {:ok, exe} = call(node, {:compile, @add})
@@ -38,6 +51,8 @@ defmodule XlaNode.DevicesTest do
     {:ok, tensor} = call(node, {:read, buffer})
     Tensor.to_list(tensor)
   end
+
+  defp runs_since(node, before), do: Enum.zip_with(runs_per_device(node), before, &(&1 - &2))
 
   defp runs_per_device(node) do
     {:ok, %{device_info: devices}} = call(node, :info)
@@ -152,6 +167,70 @@ defmodule XlaNode.DevicesTest do
 
     assert_raise ArgumentError, ~r/option :device must be/, fn ->
       XlaNode.to_device(node.name, f32([1.0]), device: -1)
+    end
+  end
+
+  describe "one SPMD program over several devices" do
+    test "compiled for devices 1 and 3, it runs with one argument list per device",
+         %{node: node} do
+      assert {:ok, exe} = call(node, {:compile, @spmd_layer, [devices: [1, 3]]})
+      x = Enum.map(0..11, &(&1 / 1))
+      w = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+      shard = fn rows -> Tensor.from_list(Enum.slice(x, rows), {:f, 32}, [2, 3]) end
+      weight = Tensor.from_list(w, {:f, 32}, [3, 2])
+      {:ok, w_on_3} = call(node, {:to_device, weight, [device: 3]})
+      before = runs_per_device(node)
+
+      assert {:ok, [[y1, sum1], [y3, sum3]]} =
+               call(node, {:run, exe, [[shard.(0..5), weight], [shard.(6..11), w_on_3]]})
+
+      # Row r of x times w: [x0 + x2, x1 + x2].
+      assert Tensor.to_list(y1) == [[2.0, 3.0], [8.0, 9.0]]
+      assert Tensor.to_list(y3) == [[14.0, 15.0], [20.0, 21.0]]
+      assert Tensor.to_list(sum1) == 66.0
+      assert Tensor.to_list(sum3) == 66.0
+      assert runs_since(node, before) == [0, 1, 0, 1]
+
+      # Kept on the devices: each device's results are buffers there.
+      assert {:ok, [[b1, _], [b3, _]]} =
+               call(
+                 node,
+                 {:run, exe, [[shard.(0..5), weight], [shard.(6..11), w_on_3]],
+                  [keep_on_device: true]}
+               )
+
+      assert read!(node, b3) == [[14.0, 15.0], [20.0, 21.0]]
+      assert read!(node, b1) == [[2.0, 3.0], [8.0, 9.0]]
+    end
+
+    test "its errors say what is wrong", %{node: node} do
+      {:ok, exe} = call(node, {:compile, @spmd_layer, [devices: [0, 2]]})
+      weight = Tensor.from_list([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {:f, 32}, [3, 2])
+      shard = Tensor.from_list(Enum.map(1..6, &(&1 / 1)), {:f, 32}, [2, 3])
+      {:ok, w_on_1} = call(node, {:to_device, weight, [device: 1]})
+
+      for {request, expected} <- [
+            {{:run, exe, [shard, weight]}, "runs on 2 devices at once: give one list"},
+            {{:run, exe, [[shard, weight]]}, "runs on 2 devices at once, got 1 lists"},
+            {{:run, exe, [[shard, weight], [shard, w_on_1]]},
+             "device 1 (cpu:2): argument 1 is on device cpu:1, but the run is on device cpu:2"},
+            {{:run, exe, [[shard, weight], [weight, weight]]},
+             "device 1 (cpu:2): argument 0: expected f32[2,3]"},
+            {{:run, exe, [[shard, weight], [shard, weight]], [device: 0]},
+             "device: names one device"},
+            {{:compile, @spmd_layer, [devices: [0, @devices]]},
+             "devices #{@devices} is out of range"},
+            {{:compile, @spmd_layer, [devices: [1, 1]]}, "devices names device 1 twice"},
+            {{:compile, @spmd_layer, [partitions: 2]}, "unknown compile option partitions"}
+          ] do
+        assert {:error, {:argument_error, message}} = call(node, request)
+        assert message =~ expected
+      end
+
+      # A single-device program takes one list, not one per device.
+      {:ok, add} = call(node, {:compile, @add})
+      assert {:error, {:argument_error, message}} = call(node, {:run, add, [[shard], [shard]]})
+      assert message =~ "runs on one device"
     end
   end
 end

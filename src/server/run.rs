@@ -11,6 +11,10 @@
 //! executes (`device_budget.rs`). Every run that was parsed is answered, and counted, by
 //! [`reply`].
 //!
+//! A program compiled over several devices (`{:compile, mlir, [devices: [...]]}`, SPMD) takes one
+//! list of arguments per device, `[[args of device 0], [args of device 1], ...]` in the order
+//! of its `devices`, and answers one list of results per device in the same order.
+//!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
 //! for as long as the run executes.
@@ -36,8 +40,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct RunRequest {
     exe: Reference,
-    args: Vec<RunArg>,
+    args: RunArgs,
     options: RunOptions,
+}
+
+/// A run's arguments: one list, or one per device of an SPMD program.
+#[derive(Debug)]
+enum RunArgs {
+    One(Vec<RunArg>),
+    PerDevice(Vec<Vec<RunArg>>),
 }
 
 /// A run argument as the request gives it.
@@ -63,7 +74,7 @@ struct RunOptions {
 impl RunRequest {
     pub fn parse(elements: &mut Elements) -> Result<RunRequest, RequestError> {
         let exe = reference(elements.required())?;
-        let args = run_args(elements.required())?;
+        let args = run_args_per_device(elements.required())?;
         let options = match elements.optional() {
             Some(opts) => run_options(&opts)?,
             None => RunOptions::default(),
@@ -76,25 +87,13 @@ impl RunRequest {
     pub fn apply(self, state: &Arc<State>, from: Caller) {
         let received = Instant::now();
         let RunRequest { exe, args, options } = self;
-        let found = state
-            .lookup_program(&exe)
-            .and_then(|program| Ok((program, arguments(state, args)?)));
-        let (program, given) = match found {
-            Ok(found) => found,
+        let program = match state.lookup_program(&exe) {
+            Ok(program) => program,
             Err(e) => return reply(state, &from, Err(e)),
         };
         // Checked before the run takes a place: wrong arguments never wait in the queue.
-        let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
-        let leading = handle.map(RunHandle::tensor).into_iter().collect();
-        let device = options
-            .device
-            .as_ref()
-            .map(|n| parse::device("device", n, state.client().device_count()))
-            .transpose();
-        let run = match device.and_then(|device| {
-            Run::on_device(program.exe.clone(), leading, given, device).map_err(Into::into)
-        }) {
-            Ok(run) => run,
+        let (run, handle) = match checked_run(state, &program.exe, args, &options) {
+            Ok(checked) => checked,
             Err(e) => return reply(state, &from, Err(e)),
         };
         let calls_back = program.calls_back;
@@ -122,6 +121,41 @@ impl RunRequest {
         };
         state.submit_run(calls_back, queue_timeout, job, timed_out);
     }
+}
+
+/// The run the request asks for, its arguments checked, and the callback handle the node
+/// supplies, if any (never to an SPMD program).
+fn checked_run(
+    state: &State,
+    exe: &Arc<Executable>,
+    args: RunArgs,
+    options: &RunOptions,
+) -> Result<(Run, Option<RunHandle>), RequestError> {
+    let args = match args {
+        RunArgs::One(args) => args,
+        RunArgs::PerDevice(lists) => {
+            if options.device.is_some() {
+                return Err(argument(
+                    "device: names one device; a run with one list of arguments per device \
+                     runs on the devices its program was compiled for",
+                ));
+            }
+            let lists = lists
+                .into_iter()
+                .map(|list| arguments(state, list))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok((Run::partitioned(exe.clone(), lists)?, None));
+        }
+    };
+    let given = arguments(state, args)?;
+    let handle = supplies_handle(exe, given.len(), options).then(RunHandle::next);
+    let leading = handle.map(RunHandle::tensor).into_iter().collect();
+    let device = options
+        .device
+        .as_ref()
+        .map(|n| parse::device("device", n, state.client().device_count()))
+        .transpose()?;
+    Ok((Run::on_device(exe.clone(), leading, given, device)?, handle))
 }
 
 /// The arguments as the run takes them: the request's tensors, and the buffers it names.
@@ -159,7 +193,11 @@ fn execute(
     options: &RunOptions,
     from: &Caller,
 ) -> Result<Vec<Term>, XlaError> {
-    let _running = state.device_runs().start(run.device());
+    let devices = run.devices();
+    let _running: Vec<_> = devices
+        .iter()
+        .map(|&device| state.device_runs().start(device))
+        .collect();
     let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
@@ -173,16 +211,26 @@ fn execute(
     let outputs = passage.execute(run);
     drop(callbacks);
     let outputs = outputs?;
-    if options.keep_on_device {
-        return Ok(outputs
+    let results: Vec<Term> = if options.keep_on_device {
+        outputs
             .into_iter()
             .map(|b| Term::from(state.register(Resource::Buffer(Arc::new(b)), &from.pid)))
-            .collect());
+            .collect()
+    } else {
+        outputs
+            .iter()
+            .map(|b| b.to_host_tensor().map(host_tensor_term))
+            .collect::<Result<_, _>>()?
+    };
+    if run.device_count() == 1 {
+        return Ok(results);
     }
-    outputs
-        .iter()
-        .map(|b| b.to_host_tensor().map(host_tensor_term))
-        .collect()
+    // An SPMD program's results come device after device: one list for each.
+    let per_device = results.len() / run.device_count();
+    Ok(results
+        .chunks(per_device.max(1))
+        .map(|chunk| list(chunk.to_vec()))
+        .collect())
 }
 
 /// Replies with a run's results or its error, and counts it: every run that was parsed ends
@@ -191,6 +239,34 @@ fn execute(
 fn reply(state: &State, from: &Caller, results: Result<Vec<Term>, RequestError>) {
     state.runs().record(results.is_err());
     state.reply_result(from, results.map(list));
+}
+
+/// `[arg, ...]`, or `[[arg, ...], ...]`: one list per device of an SPMD program.
+fn run_args_per_device(args: Term) -> Result<RunArgs, RequestError> {
+    let per_device = match &args {
+        Term::List(l) => {
+            !l.elements.is_empty() && l.elements.iter().all(|e| matches!(e, Term::List(_)))
+        }
+        _ => false,
+    };
+    if !per_device {
+        return run_args(args).map(RunArgs::One);
+    }
+    let Term::List(lists) = args else {
+        unreachable!("checked above")
+    };
+    lists
+        .elements
+        .into_iter()
+        .enumerate()
+        .map(|(i, list)| {
+            run_args(list).map_err(|e| match e {
+                RequestError::Argument(m) => argument(format!("device {i}: {m}")),
+                other => other,
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(RunArgs::PerDevice)
 }
 
 fn run_args(args: Term) -> Result<Vec<RunArg>, RequestError> {

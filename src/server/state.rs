@@ -19,7 +19,7 @@ use crate::node::gen::{self, Caller};
 use crate::node::term::ok;
 use crate::node::{Dest, Node};
 use crate::schedule::{CallingBackRun, RunCounts, RunJob, Scheduler, TimedOut};
-use crate::xla::{Buffer, Client, Executor, ExecutorStats, HostTensor, XlaError};
+use crate::xla::{Buffer, Client, CompileOptions, Executor, ExecutorStats, HostTensor, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,13 +242,21 @@ impl State {
 
     /// Compiles `module` (or takes it from the cache) as an executable `owner` holds, timing it
     /// (on an executor thread).
-    pub fn compile(&self, module: Vec<u8>, owner: &Pid) -> Result<Reference, XlaError> {
+    pub fn compile(
+        &self,
+        module: Vec<u8>,
+        options: &CompileOptions,
+        owner: &Pid,
+    ) -> Result<Reference, XlaError> {
         let calls_back = Program::mentions_callbacks(&module);
         let started = Instant::now();
-        let compiled = self.executor.compile(module).map(|(exe, _cache_hit)| {
-            let program = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
-            self.register(program, owner)
-        });
+        let compiled = self
+            .executor
+            .compile_with(module, options)
+            .map(|(exe, _cache_hit)| {
+                let program = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
+                self.register(program, owner)
+            });
         self.compile_time.record(started.elapsed());
         compiled
     }

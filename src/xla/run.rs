@@ -206,6 +206,14 @@ impl Run {
         self.partitions.len().max(1)
     }
 
+    /// The devices it runs on: its one device, or an SPMD program's, one per partition.
+    pub fn devices(&self) -> Vec<usize> {
+        match self.exe.partition_devices() {
+            [] => vec![self.device],
+            devices => devices.to_vec(),
+        }
+    }
+
     /// Where it executes: an index into the client's addressable devices.
     pub fn device(&self) -> usize {
         self.device
