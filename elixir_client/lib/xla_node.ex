@@ -99,6 +99,10 @@ defmodule XlaNode do
       (see `XlaNode.Telemetry`)
     * `:node` - only with an `XlaNode.Pool`: the node to compile it on first (default: the one
       the pool would send a run to)
+    * `:devices` - not with a pool: compile one SPMD program over these devices of the node
+      (indices into `info/2`'s `devices`), one partition each, split as the module's sharding
+      annotations say. `run/4` then takes one list of arguments per device, in this order, and
+      returns one list of results per device
 
   ## Examples
 
@@ -116,12 +120,17 @@ defmodule XlaNode do
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
     spec = [timeout: :timeout, telemetry_metadata: :map]
-    spec = if XlaNode.Pool.pool?(server), do: [{:node, :name} | spec], else: spec
+
+    spec =
+      if XlaNode.Pool.pool?(server),
+        do: [{:node, :name} | spec],
+        else: [{:devices, :integers} | spec]
+
     opts = Options.validate!(opts, "XlaNode.compile/3", spec)
     mlir = IO.iodata_to_binary(mlir)
     # A pool's node: chooses where it compiles first.
     request =
-      case Keyword.take(opts, [:node]) do
+      case Keyword.take(opts, [:node, :devices]) do
         [] -> {:compile, mlir}
         node_opts -> {:compile, mlir, node_opts}
       end

@@ -28,8 +28,10 @@ defmodule XlaNode.OptionsTest do
     exe = make_ref()
 
     [
-      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1), [:telemetry_metadata, :timeout]},
-      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1), [:telemetry_metadata, :timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1),
+       [:devices, :telemetry_metadata, :timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1),
+       [:devices, :telemetry_metadata, :timeout]},
       {"XlaNode.run/4", &XlaNode.run(s, exe, [@tensor], &1), @run},
       {"XlaNode.run/4", &XlaNode.run!(s, exe, [@tensor], &1), @run},
       {"XlaNode.to_device/3", &XlaNode.to_device(s, @tensor, &1), [:device, :timeout]},

@@ -203,6 +203,22 @@ defmodule XlaNode.DevicesTest do
       assert read!(node, b1) == [[2.0, 3.0], [8.0, 9.0]]
     end
 
+    test "XlaNode.compile/3 takes devices:, and XlaNode.run/4 a list per device", %{node: node} do
+      {:ok, exe} = XlaNode.compile(node.name, @spmd_layer, devices: [2, 0])
+      weight = Tensor.from_list([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {:f, 32}, [3, 2])
+
+      shard = fn first ->
+        Tensor.from_list(Enum.map(first..(first + 5), &(&1 / 1)), {:f, 32}, [2, 3])
+      end
+
+      assert {:ok, [[y2, _], [y0, sum]]} =
+               XlaNode.run(node.name, exe, [[shard.(0), weight], [shard.(6), weight]])
+
+      assert Tensor.to_list(y2) == [[2.0, 3.0], [8.0, 9.0]]
+      assert Tensor.to_list(y0) == [[14.0, 15.0], [20.0, 21.0]]
+      assert Tensor.to_list(sum) == 66.0
+    end
+
     test "its errors say what is wrong", %{node: node} do
       {:ok, exe} = call(node, {:compile, @spmd_layer, [devices: [0, 2]]})
       weight = Tensor.from_list([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {:f, 32}, [3, 2])
