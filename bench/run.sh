@@ -12,7 +12,8 @@
 #                           # 10,000-callback loop, a callback moving 16 MiB each way
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
-#                           # params on the node) against jax.jit; eager XlaNode.Backend ops
+#                           # params on the node) against jax.jit; eager XlaNode.Backend ops;
+#                           # an Nx.Serving on one device against one partition per device
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
@@ -132,6 +133,7 @@ if [ "$part" = all ] || [ "$part" = nx ]; then
     else
         (cd elixir_nx && elixir --sname "bench_nx_$$" --cookie "$cookie" -S mix run ../bench/nx_mlp.exs "$name" </dev/null)
         (cd elixir_nx && elixir --sname "bench_nx_eager_$$" --cookie "$cookie" -S mix run ../bench/nx_eager.exs "$name" </dev/null)
+        (cd elixir_nx && elixir --sname "bench_nx_devices_$$" --cookie "$cookie" -S mix run ../bench/nx_devices.exs "$name" </dev/null)
     fi
 fi
 if [ "$part" = all ] || [ "$part" = gpu ]; then

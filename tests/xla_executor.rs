@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{plugin, run_host};
 use xla_node::xla::{
-    register_host_handler, Argument, Attr, Buffer, Client, DType, Executable, Executor, HostTensor,
-    Run, TensorSpec, XlaError,
+    register_host_handler, Argument, Attr, Buffer, Client, CompileOptions, DType, Executable,
+    Executor, HostTensor, Run, TensorSpec, XlaError,
 };
 
 fn client() -> Client {
@@ -1286,7 +1286,7 @@ fn device_upload_in_pieces() {
     use xla_node::xla::DeviceUpload;
     let values: Vec<f32> = (0..10_000).map(|i| i as f32 * 0.5).collect();
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut upload = DeviceUpload::new(&client(), DType::F32, &[10_000]).unwrap();
+    let mut upload = DeviceUpload::new(&client(), DType::F32, &[10_000], 0).unwrap();
     assert_eq!(upload.size(), 40_000);
     for piece in bytes.chunks(7_000) {
         upload.write(piece).unwrap();
@@ -1300,16 +1300,16 @@ fn device_upload_in_pieces() {
     let buffer = upload.finish().unwrap();
     assert_eq!(buffer.to_host_tensor().unwrap().data, bytes);
 
-    let mut abandoned = DeviceUpload::new(&client(), DType::F32, &[10_000]).unwrap();
+    let mut abandoned = DeviceUpload::new(&client(), DType::F32, &[10_000], 0).unwrap();
     abandoned.write(&bytes[..12_000]).unwrap();
     drop(abandoned);
-    let short = DeviceUpload::new(&client(), DType::U8, &[4]).unwrap();
+    let short = DeviceUpload::new(&client(), DType::U8, &[4], 0).unwrap();
     assert!(short
         .finish()
         .unwrap_err()
         .message()
         .contains("takes 4 bytes, 0 were written"));
-    assert!(DeviceUpload::new(&client(), DType::S4, &[4]).is_err());
+    assert!(DeviceUpload::new(&client(), DType::S4, &[4], 0).is_err());
     // The client goes on.
     let again = client()
         .buffer_from_host(&bytes, DType::F32, &[10_000])
@@ -1366,4 +1366,211 @@ func.func @main(%x: tensor<512x512xf32>) -> tensor<f32> {
         .unwrap();
     let expected = (0.25f32.powi(3) * 512.0 * 512.0 * 512.0 * 512.0).to_le_bytes();
     assert_eq!(totals[0].to_host().unwrap(), expected);
+}
+
+const ADD_F32: &str = "func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = stablehlo.add %a, %b : tensor<3xf32>
+  return %0 : tensor<3xf32>
+}";
+
+fn buffer_f32s(buffer: &Buffer) -> Vec<f32> {
+    f32s(&buffer.to_host().unwrap())
+}
+
+#[test]
+fn one_executable_runs_on_every_device_where_its_buffers_are() {
+    let c = client();
+    assert!(
+        c.device_count() >= 2,
+        "the CPU plugin shows several devices"
+    );
+    let exe = compile(ADD_F32);
+    for device in 0..c.device_count() {
+        let on = |v: [f32; 3]| {
+            Arc::new(
+                c.buffer_from_host_on(&le(&v), DType::F32, &[3], device)
+                    .unwrap(),
+            )
+        };
+        let (a, b) = (on([1.0, 2.0, 3.0]), on([10.0, 20.0, 30.0]));
+        assert_eq!(a.device(), device);
+        let run = Run::new(exe.clone(), vec![], devices(&[&a, &b])).unwrap();
+        assert_eq!(run.device(), device, "a run goes where its buffers are");
+        let out = run.execute().unwrap();
+        assert_eq!(out[0].device(), device, "its result stays there");
+        assert_eq!(out[0].reported_device(), Some(device), "as PJRT says too");
+        assert_eq!(a.reported_device(), Some(device));
+        // The result is a buffer of that device: it runs again with another one of it.
+        let again = Run::new(
+            exe.clone(),
+            vec![],
+            devices(&[&Arc::new(out.into_iter().next().unwrap()), &b]),
+        )
+        .unwrap()
+        .execute()
+        .unwrap();
+        assert_eq!(buffer_f32s(&again[0]), [21.0, 42.0, 63.0]);
+        // Host arguments go to the device asked for.
+        let host = t(DType::F32, &[3], le(&[1.0f32, 1.0, 1.0]));
+        let run = Run::on_device(
+            exe.clone(),
+            vec![],
+            vec![Argument::Host(host.clone()), Argument::Host(host)],
+            Some(device),
+        )
+        .unwrap();
+        let out = run.execute().unwrap();
+        assert_eq!(
+            (out[0].device(), buffer_f32s(&out[0])),
+            (device, vec![2.0, 2.0, 2.0])
+        );
+    }
+}
+
+#[test]
+fn buffers_on_another_device_are_refused_naming_both() {
+    let c = client();
+    let exe = compile(ADD_F32);
+    let on = |device| {
+        Arc::new(
+            c.buffer_from_host_on(&le(&[0f32; 3]), DType::F32, &[3], device)
+                .unwrap(),
+        )
+    };
+    let names = |i: usize| c.device_name(i);
+    let err = Run::new(exe.clone(), vec![], devices(&[&on(0), &on(1)])).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("argument 1 is on device {}", names(1))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "the run is on device {} (where argument 0 is)",
+            names(0)
+        )),
+        "{text}"
+    );
+    let err = Run::on_device(exe.clone(), vec![], devices(&[&on(1), &on(1)]), Some(2)).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "argument 0 is on device {}, but the run is on device {}:",
+            names(1),
+            names(2)
+        )),
+        "{err}"
+    );
+    let n = c.device_count();
+    let err = Run::on_device(exe.clone(), vec![], devices(&[&on(0), &on(0)]), Some(n)).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "device {n} is out of range: this node has {n} devices"
+        )),
+        "{err}"
+    );
+    let err = c
+        .buffer_from_host_on(&le(&[0f32; 3]), DType::F32, &[3], n)
+        .unwrap_err();
+    assert!(err.to_string().contains("out of range"), "{err}");
+}
+
+/// An MLP layer with the batch split over two devices and the weight whole on each; the second
+/// result, the sum of every input, needs the devices to add up their parts.
+const SPMD_LAYER: &str = r#"module @spmd attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<4x3xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, %w: tensor<3x2xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<4x2xf32>
+    %1 = stablehlo.tanh %0 : tensor<4x2xf32>
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    %2 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<f32>
+    return %1, %2 : tensor<4x2xf32>, tensor<f32>
+  }
+}"#;
+
+#[test]
+fn an_spmd_program_runs_on_two_devices_with_one_shard_each() {
+    let c = client();
+    let devices = vec![c.device_id(1).unwrap(), c.device_id(3).unwrap()];
+    let exe = Arc::new(
+        c.compile_with_options(SPMD_LAYER.as_bytes(), &CompileOptions::partitioned(devices))
+            .unwrap(),
+    );
+    assert_eq!(exe.partition_devices(), [1, 3]);
+    assert_eq!(
+        exe.parameters(),
+        [
+            TensorSpec::new(DType::F32, vec![2, 3]),
+            TensorSpec::new(DType::F32, vec![3, 2])
+        ],
+        "each device takes its shard"
+    );
+    let x: Vec<f32> = (0..12).map(|i| i as f32 / 10.0).collect();
+    let w: Vec<f32> = vec![0.5, -0.5, 0.25, 1.0, -1.0, 0.1];
+    let shard =
+        |rows: std::ops::Range<usize>| t(DType::F32, &[2, 3], le(&x[rows.start * 3..rows.end * 3]));
+    let weight = || t(DType::F32, &[3, 2], le(&w));
+    let on_3 = Arc::new(
+        c.buffer_from_host_on(&le(&w), DType::F32, &[3, 2], 3)
+            .unwrap(),
+    );
+    let run = Run::partitioned(
+        exe.clone(),
+        vec![
+            vec![Argument::Host(shard(0..2)), Argument::Host(weight())],
+            vec![Argument::Host(shard(2..4)), Argument::Device(on_3.clone())],
+        ],
+    )
+    .unwrap();
+    let out = run.execute().unwrap();
+    assert_eq!(out.len(), 4, "two results on each of two devices");
+    assert_eq!(
+        out.iter().map(|b| b.reported_device()).collect::<Vec<_>>(),
+        [Some(1), Some(1), Some(3), Some(3)]
+    );
+    let expected: Vec<f32> = (0..4)
+        .flat_map(|r| (0..2).map(move |col| (r, col)))
+        .map(|(r, col)| {
+            (0..3)
+                .map(|k| x[r * 3 + k] * w[k * 2 + col])
+                .sum::<f32>()
+                .tanh()
+        })
+        .collect();
+    let mut got = buffer_f32s(&out[0]);
+    got.extend(buffer_f32s(&out[2]));
+    for (g, e) in got.iter().zip(&expected) {
+        assert!((g - e).abs() < 1e-5, "{got:?} vs {expected:?}");
+    }
+    let total: f32 = x.iter().sum();
+    assert!((buffer_f32s(&out[1])[0] - total).abs() < 1e-4);
+    assert!((buffer_f32s(&out[3])[0] - total).abs() < 1e-4);
+
+    // A buffer on another device than its partition's, and the wrong number of lists.
+    let err = Run::partitioned(
+        exe.clone(),
+        vec![
+            vec![Argument::Host(shard(0..2)), Argument::Device(on_3.clone())],
+            vec![Argument::Host(shard(2..4)), Argument::Device(on_3)],
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "device 0 ({}): argument 1 is on device {}",
+            c.device_name(1),
+            c.device_name(3)
+        )),
+        "{err}"
+    );
+    let err = Run::partitioned(exe.clone(), vec![vec![]]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("runs on 2 devices at once, got 1 lists"),
+        "{err}"
+    );
+    let err = Run::new(exe, vec![], vec![]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("give one list of arguments per device"),
+        "{err}"
+    );
 }

@@ -62,6 +62,7 @@ defmodule XlaNode do
   @default_timeout 60_000
 
   @run_options [
+    device: :non_neg_integer,
     keep_on_device: :boolean_or_indices,
     wait: :boolean,
     callback_server: :process,
@@ -99,6 +100,10 @@ defmodule XlaNode do
       (see `XlaNode.Telemetry`)
     * `:node` - only with an `XlaNode.Pool`: the node to compile it on first (default: the one
       the pool would send a run to)
+    * `:devices` - not with a pool: compile one SPMD program over these devices of the node
+      (indices into `info/2`'s `devices`), one partition each, split as the module's sharding
+      annotations say. `run/4` then takes one list of arguments per device, in this order, and
+      returns one list of results per device
 
   ## Examples
 
@@ -116,12 +121,17 @@ defmodule XlaNode do
   @spec compile(server(), iodata(), keyword()) :: {:ok, executable()} | error()
   def compile(server, mlir, opts \\ []) do
     spec = [timeout: :timeout, telemetry_metadata: :map]
-    spec = if XlaNode.Pool.pool?(server), do: [{:node, :name} | spec], else: spec
+
+    spec =
+      if XlaNode.Pool.pool?(server),
+        do: [{:node, :name} | spec],
+        else: [{:devices, :integers} | spec]
+
     opts = Options.validate!(opts, "XlaNode.compile/3", spec)
     mlir = IO.iodata_to_binary(mlir)
     # A pool's node: chooses where it compiles first.
     request =
-      case Keyword.take(opts, [:node]) do
+      case Keyword.take(opts, [:node, :devices]) do
         [] -> {:compile, mlir}
         node_opts -> {:compile, mlir, node_opts}
       end
@@ -152,6 +162,11 @@ defmodule XlaNode do
 
   Options:
 
+    * `:device` - the device to run on, an index into `info/2`'s `devices` (default: the device
+      of the buffers among `args`, else 0). Tensors among `args` are copied there; a buffer on
+      another device is refused with an `XlaNode.Error` of kind `:argument_error` that names
+      both devices (the node never moves buffers between devices). Results kept on the device
+      stay on the run's device
     * `:keep_on_device` - `true`: leave every result on the device and return buffers; a list
       of result indices (distinct, from 0): keep those, return the others as tensors, in the same
       reply (a training step's new parameters stay, its loss comes back); `false` (the default):
@@ -235,13 +250,28 @@ defmodule XlaNode do
 
   A tensor of any size: one larger than 32 MiB (or than the node's message limit allows) goes
   in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
-  `60_000`, for each of its calls).
+  `60_000`, for each of its calls); `:device`, the device the buffer lives on, an index into
+  `info/2`'s `devices` (default 0): a run with it runs there.
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
   """
   @spec to_device(server(), tensor(), keyword()) :: {:ok, buffer()} | error()
-  def to_device(server, tensor, opts \\ []),
-    do: call(server, {:to_device, tensor}, timeout!(opts, "XlaNode.to_device/3"))
+  def to_device(server, tensor, opts \\ []) do
+    opts =
+      Options.validate!(opts, "XlaNode.to_device/3",
+        timeout: :timeout,
+        device: :non_neg_integer
+      )
+
+    request =
+      case Keyword.fetch(opts, :device) do
+        {:ok, device} -> {:to_device, tensor, [device: device]}
+        :error -> {:to_device, tensor}
+      end
+
+    call(server, request, Keyword.get(opts, :timeout, @default_timeout))
+  end
 
   @doc """
   Like `to_device/3` but returns the buffer or raises `XlaNode.Error`.

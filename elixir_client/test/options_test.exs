@@ -15,6 +15,7 @@ defmodule XlaNode.OptionsTest do
   @run [
     :callback_server,
     :callback_timeout,
+    :device,
     :keep_on_device,
     :queue_timeout,
     :telemetry_metadata,
@@ -28,12 +29,14 @@ defmodule XlaNode.OptionsTest do
     exe = make_ref()
 
     [
-      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1), [:telemetry_metadata, :timeout]},
-      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1), [:telemetry_metadata, :timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile(s, "m", &1),
+       [:devices, :telemetry_metadata, :timeout]},
+      {"XlaNode.compile/3", &XlaNode.compile!(s, "m", &1),
+       [:devices, :telemetry_metadata, :timeout]},
       {"XlaNode.run/4", &XlaNode.run(s, exe, [@tensor], &1), @run},
       {"XlaNode.run/4", &XlaNode.run!(s, exe, [@tensor], &1), @run},
-      {"XlaNode.to_device/3", &XlaNode.to_device(s, @tensor, &1), [:timeout]},
-      {"XlaNode.to_device/3", &XlaNode.to_device!(s, @tensor, &1), [:timeout]},
+      {"XlaNode.to_device/3", &XlaNode.to_device(s, @tensor, &1), [:device, :timeout]},
+      {"XlaNode.to_device/3", &XlaNode.to_device!(s, @tensor, &1), [:device, :timeout]},
       {"XlaNode.read/3", &XlaNode.read(s, exe, &1), [:timeout]},
       {"XlaNode.read/3", &XlaNode.read!(s, exe, &1), [:timeout]},
       {"XlaNode.free/3", &XlaNode.free(s, exe, &1), [:timeout]},

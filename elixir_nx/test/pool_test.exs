@@ -104,12 +104,16 @@ defmodule XlaNode.NxPoolTest do
     assert Nx.to_flat_list(by_pid.(Nx.tensor([3.0]))) == [4.0]
   end
 
-  test "__partitions_options__ gives one partition per node of a pool", %{
+  test "__partitions_options__ gives one partition per node of a pool (per device of a node)", %{
     pool: pool,
     nodes: [a, _]
   } do
     assert length(XlaNode.Compiler.__partitions_options__(node: pool)) == 2
-    assert XlaNode.Compiler.__partitions_options__(node: a) == [[node: a]]
+    # One node alone: one partition per device of it.
+    {:ok, %{devices: devices}} = XlaNode.info(a)
+
+    assert XlaNode.Compiler.__partitions_options__(node: a) ==
+             for(d <- 0..(length(devices) - 1), do: [device_id: d, node: a])
   end
 
   test "XlaNode.Backend with node: a pool", %{pool: pool} do

@@ -1,4 +1,4 @@
-//! `{:to_device, tensor}`, `{:read, buffer}` and `{:free, exe_or_buffer}` (or a list of them):
+//! `{:to_device, tensor}` (or `{:to_device, tensor, [device: n]}`), `{:read, buffer}` and `{:free, exe_or_buffer}` (or a list of them):
 //! device buffers the caller owns, and freeing what it owns.
 //!
 //! Copies to and from the device call XLA, so they run on an executor thread, which replies.
@@ -17,22 +17,32 @@ use crate::xla::HostTensor;
 use eetf::{Reference, Term};
 use std::sync::Arc;
 
-/// `{:to_device, tensor}`, parsed.
+/// `{:to_device, tensor}` / `{:to_device, tensor, [device: n]}`, parsed.
 #[derive(Debug)]
 pub struct ToDeviceRequest {
     tensor: HostTensor,
+    options: Option<Term>,
 }
 
 impl ToDeviceRequest {
     pub fn parse(elements: &mut Elements) -> Result<ToDeviceRequest, RequestError> {
         let tensor = parse::tensor(elements.required())?;
-        Ok(ToDeviceRequest { tensor })
+        Ok(ToDeviceRequest {
+            tensor,
+            options: elements.optional(),
+        })
     }
 
-    /// Copies the tensor to the device on an executor thread, which replies `{:ok, buffer}`.
+    /// Copies the tensor to its device on an executor thread, which replies `{:ok, buffer}`.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
+        let device = match parse::placement_options(self.options, state.client().device_count()) {
+            Ok(device) => device,
+            Err(e) => return state.reply_error(&from, &e),
+        };
         state.spawn(move |state| {
-            let uploaded = state.upload(&self.tensor, &from.pid).map(Term::from);
+            let uploaded = state
+                .upload(&self.tensor, device, &from.pid)
+                .map(Term::from);
             state.reply_result(&from, uploaded);
         });
     }

@@ -39,7 +39,14 @@ pub fn info(state: &State) -> Term {
         ("devices", list(devices)),
         (
             "device_info",
-            list(client.device_memory().iter().map(device).collect()),
+            list(
+                client
+                    .device_memory()
+                    .iter()
+                    .enumerate()
+                    .map(|(index, memory)| device(memory, state.device_runs().counts(index)))
+                    .collect(),
+            ),
         ),
         ("host_callbacks", boolean(state.host_callbacks().is_ok())),
         ("plugin", text(state.plugin().display().to_string())),
@@ -76,12 +83,15 @@ pub fn info(state: &State) -> Term {
     ])
 }
 
-/// One device: its id and kind, and its memory where the plugin reports it (`nil` otherwise).
-fn device(d: &DeviceMemory) -> Term {
+/// One device: its id and kind, the runs it executed and is executing, and its memory where
+/// the plugin reports it (`nil` otherwise).
+fn device(d: &DeviceMemory, (runs, running): (u64, u64)) -> Term {
     let bytes = |n: Option<i64>| n.map_or_else(|| atom("nil"), int);
     map(vec![
         ("id", int(d.id as i64)),
         ("kind", text(&d.kind)),
+        ("runs", int(runs as i64)),
+        ("running", int(running as i64)),
         ("bytes_in_use", bytes(d.bytes_in_use)),
         ("peak_bytes_in_use", bytes(d.peak_bytes_in_use)),
         ("bytes_limit", bytes(d.bytes_limit)),

@@ -88,6 +88,40 @@ pub fn keywords(opts: &Term) -> Result<Vec<(String, Term)>, RequestError> {
         .collect()
 }
 
+/// Option `key`'s device: an index into `:info`'s `devices`, checked against the node's
+/// `device_count`.
+pub fn device(key: &str, value: &Term, device_count: usize) -> Result<usize, RequestError> {
+    match as_i64(value) {
+        Some(n) if n >= 0 && (n as u64) < device_count as u64 => Ok(n as usize),
+        Some(n) => Err(argument(format!(
+            "{key} {n} is out of range: this node has {device_count} devices (0..{})",
+            device_count.saturating_sub(1)
+        ))),
+        None => Err(argument(format!(
+            "{key} must be a device index (an integer), got {value}"
+        ))),
+    }
+}
+
+/// The options of `{:to_device, tensor, opts}` and `{:upload, shape, opts}`: the device the
+/// tensor goes to (0 unless `device:` says otherwise).
+pub fn placement_options(opts: Option<Term>, device_count: usize) -> Result<usize, RequestError> {
+    let mut placed = 0;
+    if let Some(opts) = opts {
+        for (key, value) in keywords(&opts)? {
+            match key.as_str() {
+                "device" => placed = device(&key, &value, device_count)?,
+                other => {
+                    return Err(argument(format!(
+                        "unknown option {other} (supported: device)"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(placed)
+}
+
 /// Which timeouts in milliseconds an option takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Milliseconds {

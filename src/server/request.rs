@@ -8,8 +8,8 @@
 //! | `:info` | `info.rs` |
 //! | `{:compile, mlir}`, `{:compile, mlir, opts}` | `compile.rs` |
 //! | `{:run, exe, args}`, `{:run, exe, args, opts}` | `run.rs` |
-//! | `{:to_device, tensor}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
-//! | `{:upload, {type, dims}}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
+//! | `{:to_device, tensor}`, `{:to_device, tensor, opts}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
+//! | `{:upload, {type, dims}}`, `{:upload, {type, dims}, opts}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
 //!
 //! `GenServer.cast` reaches [`Request::apply_cast`], which serves frees and upload chunks.
 //! | `{:load_kernel, target, path, symbol}`, `{:load_kernel, target, path, symbol, opts}` | `load_kernel.rs` |
@@ -47,13 +47,13 @@ pub enum Request {
     Compile(CompileRequest),
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     Run(RunRequest),
-    /// `{:to_device, tensor}`.
+    /// `{:to_device, tensor}` / `{:to_device, tensor, [device: n]}`.
     ToDevice(ToDeviceRequest),
     /// `{:read, buffer}` / `{:read, buffer, [chunk_bytes: n]}`.
     Read(ReadRequest),
     /// `{:free, exe_or_buffer}` / `{:free, [exe_or_buffer, ...]}`.
     Free(FreeRequest),
-    /// `{:upload, {type, dims}}`.
+    /// `{:upload, {type, dims}}` / `{:upload, {type, dims}, [device: n]}`.
     Upload(UploadRequest),
     /// `{:upload, upload, chunk}`.
     UploadChunk(UploadChunkRequest),
@@ -86,10 +86,14 @@ impl Request {
             ("echo", 2) => Some(|e| Ok(Request::Echo(e.required()))),
             ("compile", 2 | 3) => Some(|e| CompileRequest::parse(e).map(Request::Compile)),
             ("run", 3 | 4) => Some(|e| RunRequest::parse(e).map(Request::Run)),
-            ("to_device", 2) => Some(|e| ToDeviceRequest::parse(e).map(Request::ToDevice)),
+            ("to_device", 2 | 3) => Some(|e| ToDeviceRequest::parse(e).map(Request::ToDevice)),
             ("read", 2 | 3) => Some(|e| ReadRequest::parse(e).map(Request::Read)),
             ("upload", 2) => Some(|e| UploadRequest::parse(e).map(Request::Upload)),
-            ("upload", 3) => Some(|e| UploadChunkRequest::parse(e).map(Request::UploadChunk)),
+            // `{:upload, upload, chunk}` names an upload; `{:upload, shape, opts}` a shape.
+            ("upload", 3) if matches!(elements[1], Term::Reference(_)) => {
+                Some(|e| UploadChunkRequest::parse(e).map(Request::UploadChunk))
+            }
+            ("upload", 3) => Some(|e| UploadRequest::parse(e).map(Request::Upload)),
             ("upload_done", 2) => Some(|e| UploadDoneRequest::parse(e).map(Request::UploadDone)),
             ("free", 2) => Some(|e| FreeRequest::parse(e).map(Request::Free)),
             ("load_kernel", 4 | 5) => {

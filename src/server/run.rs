@@ -16,13 +16,17 @@
 //! executes (`device_budget.rs`). Every run that was parsed is answered, and counted, by
 //! [`reply`].
 //!
+//! A program compiled over several devices (`{:compile, mlir, [devices: [...]]}`, SPMD) takes one
+//! list of arguments per device, `[[args of device 0], [args of device 1], ...]` in the order
+//! of its `devices`, and answers one list of results per device in the same order.
+//!
 //! Programs that EXLA compiled take a callback handle as parameter 0 (`u8[8]`); the node supplies
 //! it when the caller leaves it out, and opens the run's callback context with the dispatcher
 //! for as long as the run executes.
 
 use super::error::RequestError;
 use super::parse::{
-    argument, boolean, keywords, milliseconds_or_infinity, reference, Elements, Milliseconds,
+    self, argument, boolean, keywords, milliseconds_or_infinity, reference, Elements, Milliseconds,
 };
 use super::resources::Resource;
 use super::state::State;
@@ -41,8 +45,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct RunRequest {
     exe: Reference,
-    args: Vec<RunArg>,
+    args: RunArgs,
     options: RunOptions,
+}
+
+/// A run's arguments: one list, or one per device of an SPMD program.
+#[derive(Debug)]
+enum RunArgs {
+    One(Vec<RunArg>),
+    PerDevice(Vec<Vec<RunArg>>),
 }
 
 /// A run argument as the request gives it.
@@ -130,12 +141,14 @@ struct RunOptions {
     callback_timeout: Option<Option<Duration>>,
     /// `Some(None)`: `:infinity`.
     queue_timeout: Option<Option<Duration>>,
+    /// `device: n` as given, checked against the node's devices when applied.
+    device: Option<Term>,
 }
 
 impl RunRequest {
     pub fn parse(elements: &mut Elements) -> Result<RunRequest, RequestError> {
         let exe = reference(elements.required())?;
-        let args = run_args(elements.required())?;
+        let args = run_args_per_device(elements.required())?;
         let options = match elements.optional() {
             Some(opts) => run_options(&opts)?,
             None => RunOptions::default(),
@@ -155,18 +168,16 @@ impl RunRequest {
         let found = state.lookup_program(&exe).and_then(|program| {
             let kept = std::mem::take(&mut options.keep_on_device);
             options.keep_on_device = kept.check(program.exe.outputs().len())?;
-            Ok((program, arguments(state, args)?))
+            Ok(program)
         });
-        let (program, given) = match found {
-            Ok(found) => found,
+        let program = match found {
+            Ok(program) => program,
             Err(e) => return reply(state, &from, Err(e)),
         };
         // Checked before the run takes a place: wrong arguments never wait in the queue.
-        let handle = supplies_handle(&program.exe, given.len(), &options).then(RunHandle::next);
-        let leading = handle.map(RunHandle::tensor).into_iter().collect();
-        let run = match Run::new(program.exe.clone(), leading, given) {
-            Ok(run) => run,
-            Err(e) => return reply(state, &from, Err(e.into())),
+        let (run, handle) = match checked_run(state, &program.exe, args, &options) {
+            Ok(checked) => checked,
+            Err(e) => return reply(state, &from, Err(e)),
         };
         let calls_back = program.calls_back;
         let queue_timeout = options.queue_timeout;
@@ -208,6 +219,41 @@ impl RunRequest {
         };
         state.submit_run(calls_back, queue_timeout, job, timed_out);
     }
+}
+
+/// The run the request asks for, its arguments checked, and the callback handle the node
+/// supplies, if any (never to an SPMD program).
+fn checked_run(
+    state: &State,
+    exe: &Arc<Executable>,
+    args: RunArgs,
+    options: &RunOptions,
+) -> Result<(Run, Option<RunHandle>), RequestError> {
+    let args = match args {
+        RunArgs::One(args) => args,
+        RunArgs::PerDevice(lists) => {
+            if options.device.is_some() {
+                return Err(argument(
+                    "device: names one device; a run with one list of arguments per device \
+                     runs on the devices its program was compiled for",
+                ));
+            }
+            let lists = lists
+                .into_iter()
+                .map(|list| arguments(state, list))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok((Run::partitioned(exe.clone(), lists)?, None));
+        }
+    };
+    let given = arguments(state, args)?;
+    let handle = supplies_handle(exe, given.len(), options).then(RunHandle::next);
+    let leading = handle.map(RunHandle::tensor).into_iter().collect();
+    let device = options
+        .device
+        .as_ref()
+        .map(|n| parse::device("device", n, state.client().device_count()))
+        .transpose()?;
+    Ok((Run::on_device(exe.clone(), leading, given, device)?, handle))
 }
 
 /// The arguments as the run takes them: the request's tensors, and the buffers it names.
@@ -258,6 +304,11 @@ fn execute(
     early: bool,
     answer: &mut dyn FnMut(Result<Vec<Term>, XlaError>),
 ) {
+    let _running: Vec<_> = run
+        .devices()
+        .iter()
+        .map(|&device| state.device_runs().start(device))
+        .collect();
     let passage = place.enter_xla();
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
@@ -269,17 +320,28 @@ fn execute(
         )
     });
     let kept = &options.keep_on_device;
+    let device_count = run.device_count();
     let terms = |outputs: Vec<Buffer>| -> Result<Vec<Term>, XlaError> {
-        outputs
+        // An SPMD program's results come device after device, each device's the program's.
+        let per_device = (outputs.len() / device_count).max(1);
+        let results: Vec<Term> = outputs
             .into_iter()
             .enumerate()
-            .map(|(i, b)| match kept.keeps(i) {
+            .map(|(i, b)| match kept.keeps(i % per_device) {
                 true => Ok(Term::from(
                     state.register(Resource::Buffer(Arc::new(b)), &from.pid),
                 )),
                 false => b.to_host_tensor().map(host_tensor_term),
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if device_count == 1 {
+            return Ok(results);
+        }
+        // One list for each device.
+        Ok(results
+            .chunks(per_device)
+            .map(|chunk| list(chunk.to_vec()))
+            .collect())
     };
     if early {
         let mut answered = false;
@@ -304,6 +366,34 @@ fn execute(
 fn reply(state: &State, from: &Caller, results: Result<Vec<Term>, RequestError>) {
     state.runs().record(results.is_err());
     state.reply_result(from, results.map(list));
+}
+
+/// `[arg, ...]`, or `[[arg, ...], ...]`: one list per device of an SPMD program.
+fn run_args_per_device(args: Term) -> Result<RunArgs, RequestError> {
+    let per_device = match &args {
+        Term::List(l) => {
+            !l.elements.is_empty() && l.elements.iter().all(|e| matches!(e, Term::List(_)))
+        }
+        _ => false,
+    };
+    if !per_device {
+        return run_args(args).map(RunArgs::One);
+    }
+    let Term::List(lists) = args else {
+        unreachable!("checked above")
+    };
+    lists
+        .elements
+        .into_iter()
+        .enumerate()
+        .map(|(i, list)| {
+            run_args(list).map_err(|e| match e {
+                RequestError::Argument(m) => argument(format!("device {i}: {m}")),
+                other => other,
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(RunArgs::PerDevice)
 }
 
 fn run_args(args: Term) -> Result<Vec<RunArg>, RequestError> {
@@ -335,6 +425,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
     let mut options = RunOptions::default();
     for (key, value) in keywords(opts)? {
         match key.as_str() {
+            "device" => options.device = Some(value),
             "keep_on_device" => options.keep_on_device = Kept::parse(&value)?,
             "wait" => options.wait = boolean(&key, &value)?,
             "callback_server" => {
@@ -360,7 +451,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
             }
             other => {
                 return Err(argument(format!(
-                    "unknown run option {other} (supported: keep_on_device, wait, callback_server, callback_timeout, queue_timeout)"
+                    "unknown run option {other} (supported: device, keep_on_device, wait, callback_server, callback_timeout, queue_timeout)"
                 )))
             }
         }

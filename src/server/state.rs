@@ -19,7 +19,7 @@ use crate::node::gen::{self, Caller};
 use crate::node::term::ok;
 use crate::node::{Dest, Node};
 use crate::schedule::{CallingBackRun, RunCounts, RunJob, Scheduler, TimedOut};
-use crate::xla::{Buffer, Client, Executor, ExecutorStats, HostTensor, XlaError};
+use crate::xla::{Buffer, Client, CompileOptions, Executor, ExecutorStats, HostTensor, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +49,8 @@ pub struct State {
     /// `--max-device-bytes`, and the bytes of transfers and runs in flight.
     device_budget: DeviceBudget,
     runs: RunTally,
+    /// Runs on each device: `:info`'s `device_info`.
+    device_runs: DeviceRuns,
     /// How long each compile request took on its executor thread (cache hits included).
     compile_time: Histogram,
     /// Error replies sent, by kind.
@@ -68,6 +70,7 @@ impl State {
         scheduler: Arc<Scheduler>,
         settings: Settings,
     ) -> State {
+        let device_runs = DeviceRuns::new(executor.client().device_count());
         State {
             node,
             server,
@@ -77,6 +80,7 @@ impl State {
             resources: Resources::default(),
             device_budget: DeviceBudget::new(settings.max_device_bytes),
             runs: RunTally::default(),
+            device_runs,
             compile_time: Histogram::default(),
             errors: ErrorTally::default(),
             plugin: settings.plugin,
@@ -219,25 +223,40 @@ impl State {
         self.device_budget.reserve(&self.resources, what, bytes)
     }
 
-    /// Copies `tensor` to the device as a buffer `owner` holds (on an executor thread).
-    pub fn upload(&self, tensor: &HostTensor, owner: &Pid) -> Result<Reference, RequestError> {
+    /// Copies `tensor` to `device` as a buffer `owner` holds (on an executor thread).
+    pub fn upload(
+        &self,
+        tensor: &HostTensor,
+        device: usize,
+        owner: &Pid,
+    ) -> Result<Reference, RequestError> {
         let _reserved = self.reserve_device("the to_device", tensor.data.len() as u64)?;
-        let buffer =
-            self.executor
-                .client()
-                .buffer_from_host(&tensor.data, tensor.dtype, &tensor.dims)?;
+        let buffer = self.executor.client().buffer_from_host_on(
+            &tensor.data,
+            tensor.dtype,
+            &tensor.dims,
+            device,
+        )?;
         Ok(self.register(Resource::Buffer(Arc::new(buffer)), owner))
     }
 
     /// Compiles `module` (or takes it from the cache) as an executable `owner` holds, timing it
     /// (on an executor thread).
-    pub fn compile(&self, module: Vec<u8>, owner: &Pid) -> Result<Reference, XlaError> {
+    pub fn compile(
+        &self,
+        module: Vec<u8>,
+        options: &CompileOptions,
+        owner: &Pid,
+    ) -> Result<Reference, XlaError> {
         let calls_back = Program::mentions_callbacks(&module);
         let started = Instant::now();
-        let compiled = self.executor.compile(module).map(|(exe, _cache_hit)| {
-            let program = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
-            self.register(program, owner)
-        });
+        let compiled = self
+            .executor
+            .compile_with(module, options)
+            .map(|(exe, _cache_hit)| {
+                let program = Resource::Executable(Arc::new(Program::new(exe, calls_back)));
+                self.register(program, owner)
+            });
         self.compile_time.record(started.elapsed());
         compiled
     }
@@ -286,6 +305,10 @@ impl State {
     /// The runs' counts and timings.
     pub fn runs(&self) -> &RunTally {
         &self.runs
+    }
+
+    pub fn device_runs(&self) -> &DeviceRuns {
+        &self.device_runs
     }
 
     /// Sends `message` to `to` from the server's pid (messages that are not replies, such as a
@@ -352,6 +375,49 @@ impl State {
 /// The error for a reference that names nothing (never did, or was freed).
 pub fn unknown_reference(reference: impl Into<Term>) -> RequestError {
     RequestError::Argument(format!("unknown or freed reference {}", reference.into()))
+}
+
+/// Runs executed on each device, and running there now, by device index: what shows in
+/// `:info` where work runs.
+#[derive(Debug)]
+pub struct DeviceRuns {
+    executed: Vec<AtomicU64>,
+    running: Vec<AtomicU64>,
+}
+
+/// A run executing on a device, counted as running there until dropped.
+pub struct RunningOn<'a> {
+    runs: &'a DeviceRuns,
+    device: usize,
+}
+
+impl Drop for RunningOn<'_> {
+    fn drop(&mut self) {
+        self.runs.running[self.device].fetch_sub(1, Ordering::Relaxed);
+        self.runs.executed[self.device].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl DeviceRuns {
+    fn new(devices: usize) -> DeviceRuns {
+        let counters = || (0..devices).map(|_| AtomicU64::new(0)).collect();
+        DeviceRuns {
+            executed: counters(),
+            running: counters(),
+        }
+    }
+
+    /// A run starts executing on `device` (an index the run was checked against).
+    pub fn start(&self, device: usize) -> RunningOn<'_> {
+        self.running[device].fetch_add(1, Ordering::Relaxed);
+        RunningOn { runs: self, device }
+    }
+
+    /// (runs executed, running now) on `device`; zeros for an index beyond the node's devices.
+    pub fn counts(&self, device: usize) -> (u64, u64) {
+        let load = |c: &Vec<AtomicU64>| c.get(device).map_or(0, |n| n.load(Ordering::Relaxed));
+        (load(&self.executed), load(&self.running))
+    }
 }
 
 /// Runs answered, by outcome, and how long they waited and took: `:info`'s `runs`,

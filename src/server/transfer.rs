@@ -11,7 +11,7 @@
 //! tensors, whose device layout is not their packed bytes, are put together and placed whole.
 
 use super::error::RequestError;
-use super::parse::{argument, keywords, reference, Elements};
+use super::parse::{argument, keywords, placement_options, reference, Elements};
 use super::resources::Resource;
 use super::state::State;
 use crate::node::gen::Caller;
@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 /// A tensor arriving in chunks.
 pub struct Upload {
     spec: TensorSpec,
+    /// Where the tensor goes: an index into `:info`'s `devices`.
+    device: usize,
     /// Bytes the whole tensor takes (its bits rounded up).
     total: usize,
     /// Whether chunks are written to the device as they arrive ([`DeviceUpload`]): every type
@@ -50,12 +52,13 @@ struct Parts {
 }
 
 impl Upload {
-    fn new(spec: TensorSpec) -> Upload {
+    fn new(spec: TensorSpec, device: usize) -> Upload {
         let total = spec.bit_size().div_ceil(8);
         Upload {
             in_pieces: !spec.dtype.is_sub_byte() && total > 0,
             total,
             spec,
+            device,
             parts: Mutex::default(),
         }
     }
@@ -113,7 +116,12 @@ impl Upload {
             };
             let written = match device {
                 Some(device) => Ok(device),
-                None => DeviceUpload::new(state.client(), self.spec.dtype, &self.spec.dims),
+                None => DeviceUpload::new(
+                    state.client(),
+                    self.spec.dtype,
+                    &self.spec.dims,
+                    self.device,
+                ),
             }
             .and_then(|mut device| device.write(&chunk).map(|()| device));
             let mut parts = self.lock();
@@ -144,7 +152,7 @@ impl Upload {
                 let buffer = device.finish()?;
                 Ok(state.register(Resource::Buffer(Arc::new(buffer)), &caller.pid))
             }
-            Whole::Host(tensor) => state.upload(&tensor, &caller.pid),
+            Whole::Host(tensor) => state.upload(&tensor, self.device, &caller.pid),
         });
         state.reply_result(caller, placed.map(Term::from));
     }
@@ -185,10 +193,12 @@ enum Whole {
     Host(HostTensor),
 }
 
-/// `{:upload, {type, dims}}`, parsed: a tensor that will come in chunks.
+/// `{:upload, {type, dims}}` / `{:upload, {type, dims}, [device: n]}`, parsed: a tensor that
+/// will come in chunks.
 #[derive(Debug)]
 pub struct UploadRequest {
     spec: TensorSpec,
+    options: Option<Term>,
 }
 
 impl UploadRequest {
@@ -196,13 +206,18 @@ impl UploadRequest {
         let (dtype, dims) = parse_shape(&elements.required()).map_err(RequestError::Argument)?;
         Ok(UploadRequest {
             spec: TensorSpec::new(dtype, dims),
+            options: elements.optional(),
         })
     }
 
     /// Replies `{:ok, upload}`, to which chunks are then sent; refused now rather than after
     /// the bytes came when the tensor cannot fit under `--max-device-bytes` at all.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
-        let upload = Upload::new(self.spec);
+        let device = match placement_options(self.options, state.client().device_count()) {
+            Ok(device) => device,
+            Err(e) => return state.reply_error(&from, &e),
+        };
+        let upload = Upload::new(self.spec, device);
         // Only a check: the buffer's bytes count as held once it is made.
         let begun = state
             .reserve_device("the upload", upload.total as u64)

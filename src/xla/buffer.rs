@@ -38,6 +38,8 @@ pub struct Buffer {
     client: Client,
     raw: *mut PJRT_Buffer,
     spec: TensorSpec,
+    /// The device it lives on: an index into the client's addressable devices.
+    device: usize,
     /// Set once the ready event has been awaited without error.
     ready: AtomicBool,
     /// Whether the buffer's memory can be accessed directly (see [`Buffer::is_direct`]), when
@@ -58,7 +60,7 @@ unsafe impl Sync for Buffer {}
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Buffer({})", self.spec)
+        write!(f, "Buffer({} on device {})", self.spec, self.device)
     }
 }
 
@@ -85,10 +87,22 @@ impl Client {
         dtype: DType,
         dims: &[i64],
     ) -> Result<Buffer, XlaError> {
-        self.upload(data, dtype, dims)?.finish()
+        self.buffer_from_host_on(data, dtype, dims, 0)
     }
 
-    /// Starts copying a host array (as [`Client::buffer_from_host`]) and returns at once: the
+    /// [`Client::buffer_from_host`] onto `device`, an index into the client's addressable
+    /// devices.
+    pub fn buffer_from_host_on(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        dims: &[i64],
+        device: usize,
+    ) -> Result<Buffer, XlaError> {
+        self.upload(data, dtype, dims, device)?.finish()
+    }
+
+    /// Starts copying a host array (as [`Client::buffer_from_host_on`]) and returns at once: the
     /// buffer exists and a run may take it (XLA orders the run after the copy), while XLA may
     /// still read `data`, which stays borrowed until the upload is finished or dropped.
     pub(crate) fn upload<'a>(
@@ -96,7 +110,9 @@ impl Client {
         data: &'a [u8],
         dtype: DType,
         dims: &[i64],
+        device: usize,
     ) -> Result<PendingUpload<'a>, XlaError> {
+        let device_handle = self.addressable_device(device)?;
         if let Some((i, d)) = dims.iter().enumerate().find(|(_, d)| **d < 0) {
             return Err(XlaError::Argument(format!(
                 "dimension {i} is negative ({d})"
@@ -127,7 +143,7 @@ impl Client {
         a.dims = spec.dims.as_ptr();
         a.num_dims = spec.dims.len();
         a.host_buffer_semantics = PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
-        a.device = inner.addressable[0];
+        a.device = device_handle;
         // SAFETY: matching args; `data` holds exactly the bytes described by
         // dtype/dims (checked above, one byte per element for 2- and 4-bit
         // types) and stays alive, in the returned upload (or until the await below when there
@@ -141,7 +157,9 @@ impl Client {
             ));
         }
         let mut upload = PendingUpload {
-            buffer: Some(Buffer::from_raw_with_spec(self, a.buffer, spec, None)),
+            buffer: Some(Buffer::from_raw_with_spec(
+                self, a.buffer, spec, device, None,
+            )),
             done: a.done_with_host_buffer,
             client: self.clone(),
             _data: data,
@@ -200,19 +218,21 @@ impl Drop for PendingUpload<'_> {
 }
 
 impl Buffer {
-    /// Wraps a buffer whose type is known, e.g. from the executable's output
+    /// Wraps a buffer on `device` whose type is known, e.g. from the executable's output
     /// signature (takes ownership; saves two PJRT queries per output). `direct`
     /// is [`Buffer::is_direct`], if known.
     pub(crate) fn from_raw_with_spec(
         client: &Client,
         raw: *mut PJRT_Buffer,
         spec: TensorSpec,
+        device: usize,
         direct: Option<bool>,
     ) -> Buffer {
         Buffer {
             client: client.clone(),
             raw,
             spec,
+            device,
             ready: AtomicBool::new(false),
             direct,
             host_memory: OnceLock::new(),
@@ -225,6 +245,11 @@ impl Buffer {
 
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The device it lives on: an index into the client's addressable devices.
+    pub fn device(&self) -> usize {
+        self.device
     }
 
     /// Element type.
@@ -353,6 +378,22 @@ impl Buffer {
         !self.dtype().is_sub_byte()
             && self.is_dense_row_major()
             && self.on_device_size() == Some(self.byte_size())
+    }
+
+    /// The device PJRT says the buffer is on, as an index into the client's addressable
+    /// devices (`None` if PJRT does not say, or names a device that is not one of them): what
+    /// checks that [`Buffer::device`] is right.
+    pub fn reported_device(&self) -> Option<usize> {
+        let api = self.client.inner().api();
+        let mut d = PJRT_Buffer_Device_Args::new();
+        d.buffer = self.raw;
+        // SAFETY: live buffer; matching args; the device is owned by the client.
+        unsafe { api.call(api.fns().PJRT_Buffer_Device, &mut d) }.ok()?;
+        self.client
+            .inner()
+            .addressable
+            .iter()
+            .position(|&h| h == d.device)
     }
 
     fn on_device_size(&self) -> Option<usize> {

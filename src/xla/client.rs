@@ -485,6 +485,53 @@ impl Client {
         self.0.devices.clone()
     }
 
+    /// How many devices buffers and runs can be placed on: the addressable ones, which device
+    /// indices count (index 0 is the default device).
+    pub fn device_count(&self) -> usize {
+        self.0.addressable.len()
+    }
+
+    /// The name of addressable device `index` as `:info` lists it, `kind:id` (`cpu:2`).
+    pub fn device_name(&self, index: usize) -> String {
+        let Some(&handle) = self.0.addressable.get(index) else {
+            return format!("device {index}");
+        };
+        match self.0.device_handles.iter().position(|&h| h == handle) {
+            Some(i) => format!("{}:{}", self.0.devices[i].kind, self.0.devices[i].id),
+            None => format!("device {index}"),
+        }
+    }
+
+    /// The index among the addressable devices of the device whose PJRT id is `id`.
+    pub(crate) fn addressable_index_of(&self, id: i64) -> Result<usize, XlaError> {
+        self.0
+            .addressable
+            .iter()
+            .position(|&h| {
+                let i = self.0.device_handles.iter().position(|&d| d == h);
+                i.is_some_and(|i| self.0.devices[i].id as i64 == id)
+            })
+            .ok_or_else(|| XlaError::Argument(format!("no addressable device has id {id}")))
+    }
+
+    /// The PJRT id of addressable device `index` (what a device assignment names).
+    pub fn device_id(&self, index: usize) -> Result<i64, XlaError> {
+        let handle = self.addressable_device(index)?;
+        let i = self.0.device_handles.iter().position(|&h| h == handle);
+        Ok(i.map_or(index as i64, |i| self.0.devices[i].id as i64))
+    }
+
+    /// The plugin's handle of addressable device `index`, or an error saying how many there are.
+    pub(crate) fn addressable_device(&self, index: usize) -> Result<*mut PJRT_Device, XlaError> {
+        self.0.addressable.get(index).copied().ok_or_else(|| {
+            XlaError::Argument(format!(
+                "device {index} is out of range: this node has {} devices (0..{})",
+                self.device_count(),
+                self.device_count().saturating_sub(1)
+            ))
+        })
+    }
+
     /// Each device's memory as the plugin reports it now (figures it does not report are
     /// `None`; the CPU plugin reports none).
     pub fn device_memory(&self) -> Vec<DeviceMemory> {

@@ -109,14 +109,14 @@ impl CompileCache {
         self.lock().entries.len()
     }
 
-    /// Compiles (or fetches from the cache) a program with default options on `client`.
+    /// Compiles (or fetches from the cache) a program with `options` on `client`.
     /// Returns the executable and whether it came from the cache. Blocking.
     pub(super) fn compile(
         &self,
         client: &Client,
         program: Vec<u8>,
+        options: &CompileOptions,
     ) -> Result<(Arc<Executable>, bool), XlaError> {
-        let options = CompileOptions::default();
         let opts = options.to_proto();
         let mut hasher = Sha256::new();
         hasher.update((opts.len() as u64).to_le_bytes());
@@ -127,7 +127,7 @@ impl CompileCache {
             self.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((exe, true));
         }
-        let compiled = client.compile_with_options(&program, &options);
+        let compiled = client.compile_with_options(&program, options);
         let counter = match compiled {
             Ok(_) => &self.compiles,
             Err(_) => &self.compile_errors,

@@ -21,6 +21,8 @@ pub struct DeviceUpload {
     client: Client,
     manager: *mut PJRT_AsyncHostToDeviceTransferManager,
     spec: TensorSpec,
+    /// The index of the device the buffer is on.
+    device: usize,
     /// The bytes the buffer takes, and how many have been written.
     size: usize,
     written: usize,
@@ -31,8 +33,14 @@ pub struct DeviceUpload {
 unsafe impl Send for DeviceUpload {}
 
 impl DeviceUpload {
-    /// A buffer of `dtype` and `dims` on the client's default device, to be written in pieces.
-    pub fn new(client: &Client, dtype: DType, dims: &[i64]) -> Result<DeviceUpload, XlaError> {
+    /// A buffer of `dtype` and `dims` on `device` (an index into the client's addressable
+    /// devices), to be written in pieces.
+    pub fn new(
+        client: &Client,
+        dtype: DType,
+        dims: &[i64],
+        device: usize,
+    ) -> Result<DeviceUpload, XlaError> {
         if dtype.is_sub_byte() {
             return Err(XlaError::Argument(format!(
                 "{dtype:?} elements are not written to the device in pieces"
@@ -42,7 +50,7 @@ impl DeviceUpload {
         let inner = client.inner();
         let api = inner.api();
         let mut memory = PJRT_Device_DefaultMemory_Args::new();
-        memory.device = inner.addressable[0];
+        memory.device = client.addressable_device(device)?;
         // SAFETY: matching args; the device belongs to the live client.
         unsafe { api.call(api.fns().PJRT_Device_DefaultMemory, &mut memory) }
             .map_err(XlaError::Runtime)?;
@@ -74,6 +82,7 @@ impl DeviceUpload {
             manager: a.transfer_manager,
             size: spec.byte_size(),
             spec,
+            device,
             written: 0,
         })
     }
@@ -150,6 +159,7 @@ impl DeviceUpload {
             &self.client,
             a.buffer_out,
             self.spec.clone(),
+            self.device,
             None,
         ))
     }

@@ -38,6 +38,12 @@ use super::tensor::HostTensor;
 pub struct CompileOptions {
     pub num_replicas: u32,
     pub num_partitions: u32,
+    /// A portable executable has no device of its own: each execution names the device it runs
+    /// on (`execute_device`), so one compile serves every device of the client.
+    pub portable: bool,
+    /// For an SPMD program (`num_partitions` > 1): the PJRT device id of each partition, in
+    /// order (the device assignment).
+    pub partition_devices: Vec<i64>,
 }
 
 impl Default for CompileOptions {
@@ -45,22 +51,61 @@ impl Default for CompileOptions {
         CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
+            portable: true,
+            partition_devices: Vec::new(),
         }
     }
 }
 
 impl CompileOptions {
+    /// One SPMD program over the devices whose PJRT ids `device_ids` gives, one partition each
+    /// (XLA's SPMD partitioner splits it as the module's sharding annotations say).
+    pub fn partitioned(device_ids: Vec<i64>) -> CompileOptions {
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: device_ids.len() as u32,
+            portable: false,
+            partition_devices: device_ids,
+        }
+    }
+
     /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
-    /// num_partitions (5)}}`. Never empty: empty options abort the CPU plugin.
+    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9)},
+    /// compile_portable_executable (4)}`. Never empty: empty options abort the CPU plugin.
+    /// `DeviceAssignmentProto{replica_count (1), computation_count (2), computation_devices (3):
+    /// [{replica_device_ids (1)}]}`, one computation per partition.
     pub fn to_proto(&self) -> Vec<u8> {
         let mut ebo = Vec::new();
         ebo.push(0x20);
         put_varint(&mut ebo, self.num_replicas as u64);
         ebo.push(0x28);
         put_varint(&mut ebo, self.num_partitions as u64);
+        if !self.partition_devices.is_empty() {
+            ebo.extend_from_slice(&[0x30, 0x01]);
+            let mut assignment = vec![0x08];
+            put_varint(&mut assignment, self.num_replicas as u64);
+            assignment.push(0x10);
+            put_varint(&mut assignment, self.partition_devices.len() as u64);
+            for &id in &self.partition_devices {
+                let mut ids = Vec::new();
+                put_varint(&mut ids, id as u64);
+                let mut computation = vec![0x0a];
+                put_varint(&mut computation, ids.len() as u64);
+                computation.extend_from_slice(&ids);
+                assignment.push(0x1a);
+                put_varint(&mut assignment, computation.len() as u64);
+                assignment.extend_from_slice(&computation);
+            }
+            ebo.push(0x4a);
+            put_varint(&mut ebo, assignment.len() as u64);
+            ebo.extend_from_slice(&assignment);
+        }
         let mut out = vec![0x1a];
         put_varint(&mut out, ebo.len() as u64);
         out.extend_from_slice(&ebo);
+        if self.portable {
+            out.extend_from_slice(&[0x20, 0x01]);
+        }
         out
     }
 }
@@ -87,13 +132,20 @@ pub struct Executable {
     parameters: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     non_donatable: Vec<i64>,
+    /// An SPMD program's devices, one per partition (indices into the client's addressable
+    /// devices); empty for a portable single-device program.
+    partition_devices: Vec<usize>,
     /// Whether each output's memory is the dense row-major array itself (its
     /// layout is fixed at compile time), learned from the first run on CPU.
     outputs_direct: OnceLock<Vec<bool>>,
     /// CPU platform only: sets of input buffers, one slot per parameter, that
-    /// small host arguments are copied into; a run takes a set for its duration.
-    staging: Mutex<Vec<Vec<Option<Buffer>>>>,
+    /// small host arguments are copied into, each with the device its buffers are on; a run
+    /// takes a set of its device for its duration.
+    staging: Mutex<Vec<(usize, StagingSet)>>,
 }
+
+/// One reused input buffer per parameter (`None` until a host argument fills it).
+type StagingSet = Vec<Option<Buffer>>;
 
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
@@ -110,8 +162,8 @@ pub enum Argument {
     Device(Arc<Buffer>),
 }
 
-/// Sets of reused input buffers an executable keeps (runs beyond this many at
-/// once create and drop their own).
+/// Sets of reused input buffers an executable keeps per device (runs beyond this many at
+/// once on one device create and drop their own).
 const STAGING_MAX_SETS: usize = 4;
 
 // SAFETY: PJRT loaded executables may be executed concurrently from any
@@ -149,7 +201,7 @@ impl Client {
     }
 
     /// Compiles MLIR (StableHLO) text or bytecode.
-    pub(super) fn compile_with_options(
+    pub fn compile_with_options(
         &self,
         program: &[u8],
         options: &CompileOptions,
@@ -192,11 +244,20 @@ impl Client {
             parameters: Vec::new(),
             outputs: Vec::new(),
             non_donatable: Vec::new(),
+            partition_devices: options
+                .partition_devices
+                .iter()
+                .map(|&id| self.addressable_index_of(id))
+                .collect::<Result<_, _>>()?,
             outputs_direct: OnceLock::new(),
             staging: Mutex::new(Vec::new()),
         };
         exe.outputs = exe.query_outputs()?;
-        let text_parameters = text.and_then(signature::mlir_main_parameters);
+        // An SPMD program's text gives the whole arrays; each device takes its shard, which
+        // only XLA's partitioned program tells.
+        let text_parameters = text
+            .filter(|_| exe.partition_devices.is_empty())
+            .and_then(signature::mlir_main_parameters);
         // XLA's own program is read only where needed: for parameters the text does not tell,
         // and for faults that only it shows (see `known_faults`).
         let hlo = if text_parameters.is_none() || text.is_some_and(known_faults::mentions_two_bit) {
@@ -278,9 +339,20 @@ impl Executable {
         &self.parameters
     }
 
+    /// An SPMD program's devices, one per partition (indices into the client's addressable
+    /// devices); empty for a single-device program, which runs on any device.
+    pub fn partition_devices(&self) -> &[usize] {
+        &self.partition_devices
+    }
+
     /// Result types, in order: what a run leaves on the device.
     pub fn outputs(&self) -> &[TensorSpec] {
         &self.outputs
+    }
+
+    /// The client it was compiled for.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
     }
 
     /// Whether `buffer` lives on this executable's client (a buffer of another client cannot
@@ -383,7 +455,8 @@ impl Executable {
         })
     }
 
-    /// Executes with `args` on device 0 and waits for it; returns one buffer per result.
+    /// Executes with `args` on `device` (an index into the client's addressable devices, where
+    /// every buffer of `args` is) and waits for it; returns one buffer per result.
     /// Errors raised during the run (including by host custom-call handlers) come back as
     /// [`XlaError::Runtime`] with XLA's text. Calls `launched` once `Execute` has returned,
     /// before the results are awaited, with whether the program had already completed: XLA's
@@ -398,9 +471,11 @@ impl Executable {
     fn execute(
         &self,
         args: &[&Buffer],
+        device: usize,
         launched: &mut dyn FnMut(bool),
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
+        let execute_device = self.client.addressable_device(device)?;
         let api = self.client.inner().api();
         let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let arg_lists: [*const *mut PJRT_Buffer; 1] = [arg_ptrs.as_ptr()];
@@ -420,8 +495,10 @@ impl Executable {
         e.num_args = arg_ptrs.len();
         e.output_lists = out_lists.as_ptr();
         e.device_complete_events = complete.as_mut_ptr();
+        // Executables are compiled portable (see `CompileOptions`): each run names its device.
+        e.execute_device = execute_device;
         // SAFETY: matching args; argument buffers were checked against the
-        // signature (count, dtype, dims, client: see `Run::new`) and are
+        // signature (count, dtype, dims, client, device: see `Run::new`) and are
         // borrowed for the whole call; the output array has room for every output; all arrays
         // outlive the call.
         let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
@@ -443,6 +520,7 @@ impl Executable {
                 &self.client,
                 p,
                 spec.clone(),
+                device,
                 direct,
             ));
         }
@@ -480,11 +558,103 @@ impl Executable {
         Ok(outputs)
     }
 
-    /// Runs the program with `args`, which [`Run::new`](super::Run::new) checked against its
-    /// parameters; `launched` as in [`Executable::execute`].
+    /// Runs an SPMD program with one argument list per partition, each on its partition's
+    /// device, all checked by [`Run::partitioned`](super::Run::partitioned); returns each
+    /// partition's results in turn (partition 0's, then partition 1's, ...).
+    pub(super) fn run_partitioned(
+        &self,
+        lists: &[Vec<Argument>],
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
+        let uploaded = lists
+            .iter()
+            .zip(&self.partition_devices)
+            .map(|(args, &device)| {
+                args.iter()
+                    .map(|arg| match arg {
+                        Argument::Host(t) => self
+                            .client
+                            .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)
+                            .map(Some),
+                        Argument::Device(_) => Ok(None),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let buffers: Vec<Vec<&Buffer>> = lists
+            .iter()
+            .zip(&uploaded)
+            .map(|(args, host)| Self::argument_buffers(args, host))
+            .collect();
+        let api = self.client.inner().api();
+        let n = self.partition_devices.len();
+        let arg_ptrs: Vec<Vec<*mut PJRT_Buffer>> = buffers
+            .iter()
+            .map(|list| list.iter().map(|b| b.raw()).collect())
+            .collect();
+        let arg_lists: Vec<*const *mut PJRT_Buffer> =
+            arg_ptrs.iter().map(|list| list.as_ptr()).collect();
+        let mut out_ptrs: Vec<Vec<*mut PJRT_Buffer>> =
+            vec![vec![std::ptr::null_mut(); self.outputs.len().max(1)]; n];
+        let out_lists: Vec<*mut *mut PJRT_Buffer> =
+            out_ptrs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut complete: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); n];
+        let mut opts = PJRT_ExecuteOptions::new();
+        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
+        opts.num_non_donatable_input_indices = self.non_donatable.len();
+        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
+        e.executable = self.raw;
+        e.options = &mut opts;
+        e.argument_lists = arg_lists.as_ptr();
+        e.num_devices = n;
+        e.num_args = self.parameters.len();
+        e.output_lists = out_lists.as_ptr();
+        e.device_complete_events = complete.as_mut_ptr();
+        // SAFETY: matching args; one argument list per partition, each checked against the
+        // signature and the partition's device (`Run::partitioned`), borrowed for the whole
+        // call; each output list has room for every output; all arrays outlive the call.
+        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
+        launched(executed.is_err() || complete.iter().all(|&c| api.event_is_ready(c)));
+        executed.map_err(XlaError::Runtime)?;
+        let mut outputs = Vec::with_capacity(n * self.outputs.len());
+        let mut first_err = None;
+        for (list, &device) in out_ptrs.iter().zip(&self.partition_devices) {
+            for (&p, spec) in list.iter().zip(&self.outputs) {
+                if p.is_null() {
+                    first_err.get_or_insert_with(|| {
+                        XlaError::Runtime("execution produced no output buffer".into())
+                    });
+                    continue;
+                }
+                outputs.push(Buffer::from_raw_with_spec(
+                    &self.client,
+                    p,
+                    spec.clone(),
+                    device,
+                    None,
+                ));
+            }
+        }
+        for event in complete {
+            if let Err(msg) = api.await_and_destroy(event) {
+                first_err.get_or_insert(XlaError::Runtime(msg));
+            }
+        }
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        for b in &outputs {
+            b.await_ready()?;
+        }
+        Ok(outputs)
+    }
+
+    /// Runs the program with `args` on `device`, which [`Run::new`](super::Run::new) checked
+    /// against its parameters; `launched` as in [`Executable::execute`].
     pub(super) fn run_checked(
         &self,
         args: &[Argument],
+        device: usize,
         launched: &mut dyn FnMut(bool),
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
@@ -496,12 +666,16 @@ impl Executable {
             })
             .sum();
         if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
-            let taken = self.staging.lock().expect("staging lock").pop();
+            let taken = {
+                let mut pool = self.staging.lock().expect("staging lock");
+                let found = pool.iter().rposition(|(on, _)| *on == device);
+                found.map(|i| pool.swap_remove(i).1)
+            };
             let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, args, launched, hand_over);
+            let result = self.run_staged(&mut set, args, device, launched, hand_over);
             let mut pool = self.staging.lock().expect("staging lock");
-            if pool.len() < STAGING_MAX_SETS {
-                pool.push(set);
+            if pool.iter().filter(|(on, _)| *on == device).count() < STAGING_MAX_SETS {
+                pool.push((device, set));
             }
             return result;
         }
@@ -514,7 +688,7 @@ impl Executable {
             .iter()
             .map(|arg| match arg {
                 Argument::Host(t) => {
-                    let mut upload = self.client.upload(&t.data, t.dtype, &t.dims)?;
+                    let mut upload = self.client.upload(&t.data, t.dtype, &t.dims, device)?;
                     if !defer {
                         upload.wait()?;
                     }
@@ -534,7 +708,7 @@ impl Executable {
                     .buffer(),
             })
             .collect::<Vec<_>>();
-        let outputs = self.execute(&buffers, launched, hand_over);
+        let outputs = self.execute(&buffers, device, launched, hand_over);
         drop(buffers);
         let copied = uploads
             .into_iter()
@@ -553,6 +727,7 @@ impl Executable {
         &self,
         set: &mut [Option<Buffer>],
         args: &[Argument],
+        device: usize,
         launched: &mut dyn FnMut(bool),
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
@@ -560,11 +735,19 @@ impl Executable {
             if let Argument::Host(t) = arg {
                 let refilled = slot.as_mut().is_some_and(|b| b.overwrite(&t.data));
                 if !refilled {
-                    *slot = Some(self.client.buffer_from_host(&t.data, t.dtype, &t.dims)?);
+                    *slot = Some(
+                        self.client
+                            .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)?,
+                    );
                 }
             }
         }
-        self.execute(&Self::argument_buffers(args, set), launched, hand_over)
+        self.execute(
+            &Self::argument_buffers(args, set),
+            device,
+            launched,
+            hand_over,
+        )
     }
 
     /// The buffers to execute with: device arguments as given, host arguments

@@ -9,7 +9,7 @@ use super::client::Client;
 use super::compile_cache::CompileCache;
 pub use super::compile_cache::DEFAULT_MAX_CACHED;
 use super::error::XlaError;
-use super::executable::Executable;
+use super::executable::{CompileOptions, Executable};
 pub use super::pool::{IdlePolling, Job};
 use super::pool::{Pool, PoolConfig};
 
@@ -104,7 +104,18 @@ impl Executor {
     /// Returns the executable and whether it came from the cache. Blocking: it
     /// belongs on the pool ([`Executor::submit`]).
     pub fn compile(&self, program: Vec<u8>) -> Result<(Arc<Executable>, bool), XlaError> {
-        self.inner.cache.compile(&self.inner.client, program)
+        self.compile_with(program, &CompileOptions::default())
+    }
+
+    /// [`Executor::compile`] with `options` (an SPMD program over several devices).
+    pub fn compile_with(
+        &self,
+        program: Vec<u8>,
+        options: &CompileOptions,
+    ) -> Result<(Arc<Executable>, bool), XlaError> {
+        self.inner
+            .cache
+            .compile(&self.inner.client, program, options)
     }
 
     /// Queues a job on the pool (never blocks).

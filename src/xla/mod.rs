@@ -40,7 +40,7 @@ pub use client::{Api, Client, DeviceInfo, DeviceMemory};
 pub use device_upload::DeviceUpload;
 pub use dtype::{element_count, DType, TensorSpec};
 pub use error::XlaError;
-pub use executable::{Argument, Executable};
+pub use executable::{Argument, CompileOptions, Executable};
 pub use executor::{Executor, ExecutorStats, IdlePolling, Job, DEFAULT_MAX_CACHED};
 pub use ffi::{
     register_host_handler, Attr, CallFrame, HandlerPlatform, HostHandler, TensorMut, TensorRef,

@@ -20,17 +20,41 @@ use super::tensor::HostTensor;
 pub struct Run {
     exe: Arc<Executable>,
     args: Vec<Argument>,
+    /// An SPMD program's arguments: one list per partition (then `args` is empty).
+    partitions: Vec<Vec<Argument>>,
+    /// Where it executes: an index into the client's addressable devices.
+    device: usize,
 }
 
 impl Run {
     /// Checks `given` against the parameters of `exe`. `leading`: host arrays the node puts
     /// ahead of them (the callback handle that EXLA's modules take as parameter 0); error texts
-    /// count the given arguments only, which are the ones the caller knows of.
+    /// count the given arguments only, which are the ones the caller knows of. It runs where
+    /// its buffers are, on device 0 if it names none (see [`Run::on_device`]).
     pub fn new(
         exe: Arc<Executable>,
         leading: Vec<HostTensor>,
         given: Vec<Argument>,
     ) -> Result<Run, XlaError> {
+        Run::on_device(exe, leading, given, None)
+    }
+
+    /// [`Run::new`] on `device` (an index into the client's addressable devices; `None`: where
+    /// its buffers are, else device 0). Buffers are never moved: one on another device than the
+    /// run's is refused, and the error names both devices.
+    pub fn on_device(
+        exe: Arc<Executable>,
+        leading: Vec<HostTensor>,
+        given: Vec<Argument>,
+        device: Option<usize>,
+    ) -> Result<Run, XlaError> {
+        let partitions = exe.partition_devices().len();
+        if partitions > 0 {
+            return Err(XlaError::Argument(format!(
+                "the program runs on {partitions} devices at once: give one list of arguments \
+                 per device"
+            )));
+        }
         let params = exe.parameters();
         let supplied = leading.len();
         if supplied + given.len() != params.len() {
@@ -79,7 +103,120 @@ impl Run {
                 param.byte_size(),
             )));
         }
-        Ok(Run { exe, args })
+        let device = run_device(&exe, &args, supplied, device)?;
+        Ok(Run {
+            exe,
+            args,
+            partitions: Vec::new(),
+            device,
+        })
+    }
+
+    /// A run of an SPMD program (compiled over several devices): `lists` holds one list of
+    /// arguments per device of the program, in its order, each checked against the
+    /// parameters (one device's shard of each) and against its device as [`Run::on_device`]
+    /// checks them.
+    pub fn partitioned(exe: Arc<Executable>, lists: Vec<Vec<Argument>>) -> Result<Run, XlaError> {
+        let devices = exe.partition_devices().to_vec();
+        if devices.is_empty() {
+            return Err(XlaError::Argument(
+                "the program runs on one device: give one list of arguments, not one per device"
+                    .into(),
+            ));
+        }
+        if lists.len() != devices.len() {
+            return Err(XlaError::Argument(format!(
+                "the program runs on {} devices at once, got {} lists of arguments",
+                devices.len(),
+                lists.len()
+            )));
+        }
+        let checked = lists
+            .into_iter()
+            .zip(&devices)
+            .enumerate()
+            .map(|(i, (args, &device))| {
+                let on = exe.client().device_name(device);
+                let single =
+                    Run::checked_single(exe.clone(), args, device).map_err(|e| match e {
+                        XlaError::Argument(m) => {
+                            XlaError::Argument(format!("device {i} ({on}): {m}"))
+                        }
+                        other => other,
+                    })?;
+                Ok(single.args)
+            })
+            .collect::<Result<Vec<_>, XlaError>>()?;
+        Ok(Run {
+            exe,
+            args: Vec::new(),
+            partitions: checked,
+            device: devices[0],
+        })
+    }
+
+    /// One partition's arguments checked as a single-device run's on `device`.
+    fn checked_single(
+        exe: Arc<Executable>,
+        args: Vec<Argument>,
+        device: usize,
+    ) -> Result<Run, XlaError> {
+        let params = exe.parameters();
+        if args.len() != params.len() {
+            return Err(XlaError::Argument(format!(
+                "expected {} arguments, got {}",
+                params.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, param)) in args.iter().zip(params).enumerate() {
+            let (given, bytes) = match arg {
+                Argument::Host(t)
+                    if t.dtype == param.dtype
+                        && t.dims == param.dims
+                        && t.data.len() == param.byte_size() =>
+                {
+                    continue
+                }
+                Argument::Host(t) => (t.spec(), t.data.len()),
+                Argument::Device(b) if !exe.owns(b) => {
+                    return Err(XlaError::Argument(format!(
+                        "argument {i}: the buffer belongs to another client"
+                    )))
+                }
+                Argument::Device(b) if b.spec() == param => continue,
+                Argument::Device(b) => (b.spec().clone(), b.byte_size()),
+            };
+            return Err(XlaError::Argument(format!(
+                "argument {i}: expected {param} ({} bytes), got {given} ({bytes} bytes)",
+                param.byte_size(),
+            )));
+        }
+        let device = run_device(&exe, &args, 0, Some(device))?;
+        Ok(Run {
+            exe,
+            args,
+            partitions: Vec::new(),
+            device,
+        })
+    }
+
+    /// How many devices it runs on at once: one, or an SPMD program's partitions.
+    pub fn device_count(&self) -> usize {
+        self.partitions.len().max(1)
+    }
+
+    /// The devices it runs on: its one device, or an SPMD program's, one per partition.
+    pub fn devices(&self) -> Vec<usize> {
+        match self.exe.partition_devices() {
+            [] => vec![self.device],
+            devices => devices.to_vec(),
+        }
+    }
+
+    /// Where it executes: an index into the client's addressable devices.
+    pub fn device(&self) -> usize {
+        self.device
     }
 
     /// Bytes this run puts on the device beyond the buffers it names: its host arguments,
@@ -89,16 +226,23 @@ impl Run {
         let uploaded: usize = self
             .args
             .iter()
+            .chain(self.partitions.iter().flatten())
             .map(|arg| match arg {
                 Argument::Host(t) => t.data.len(),
                 Argument::Device(_) => 0,
             })
             .sum();
-        let results: usize = self.exe.outputs().iter().map(|o| o.byte_size()).sum();
+        let results: usize = self
+            .exe
+            .outputs()
+            .iter()
+            .map(|o| o.byte_size())
+            .sum::<usize>()
+            * self.device_count();
         (uploaded + results) as u64
     }
 
-    /// Executes on the client's first device and waits for the results, one buffer each.
+    /// Executes on its device and waits for the results, one buffer each.
     pub fn execute(&self) -> Result<Vec<Buffer>, XlaError> {
         self.execute_observed(&mut |_| {})
     }
@@ -111,7 +255,11 @@ impl Run {
         &self,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        self.exe.run_checked(&self.args, launched, None)
+        if !self.partitions.is_empty() {
+            return self.exe.run_partitioned(&self.partitions, launched);
+        }
+        self.exe
+            .run_checked(&self.args, self.device, launched, None)
     }
 
     /// Executes and hands the results to `hand_over` as soon as XLA's `Execute` has returned,
@@ -119,16 +267,64 @@ impl Run {
     /// wait; then waits for completion here (the run's host arguments stay borrowed until then)
     /// and returns XLA's error, if any. The handed buffers carry their readiness: a read, or a
     /// run that takes one, waits for it, and meets that error too. Nothing is handed over when
-    /// the run fails before its results exist (uploading a host argument, `Execute` itself).
+    /// the run fails before its results exist (uploading a host argument, `Execute` itself). A
+    /// run over several devices hands its results over once it has completed.
     pub fn execute_handing_over(
         &self,
         launched: &mut dyn FnMut(bool),
         hand_over: &mut dyn FnMut(Vec<Buffer>),
     ) -> Result<(), XlaError> {
+        if !self.partitions.is_empty() {
+            let outputs = self.exe.run_partitioned(&self.partitions, launched)?;
+            hand_over(outputs);
+            return Ok(());
+        }
         self.exe
-            .run_checked(&self.args, launched, Some(hand_over))
+            .run_checked(&self.args, self.device, launched, Some(hand_over))
             .map(drop)
     }
+}
+
+/// The device a run executes on: `asked` if given, else that of its first buffer, else 0;
+/// every buffer must be on it.
+fn run_device(
+    exe: &Executable,
+    args: &[Argument],
+    supplied: usize,
+    asked: Option<usize>,
+) -> Result<usize, XlaError> {
+    let client = exe.client();
+    let buffers = args.iter().enumerate().filter_map(|(i, arg)| match arg {
+        Argument::Device(b) => Some((i, b.device())),
+        Argument::Host(_) => None,
+    });
+    let mut chosen: Option<(usize, Option<usize>)> = asked.map(|d| (d, None));
+    if let Some(d) = asked {
+        client.addressable_device(d)?;
+    }
+    for (i, on) in buffers {
+        match chosen {
+            None => chosen = Some((on, Some(i))),
+            Some((device, _)) if device == on => {}
+            Some((device, by)) => {
+                let run_on = match by {
+                    Some(j) => format!(
+                        "{} (where {} is)",
+                        client.device_name(device),
+                        name(j, supplied)
+                    ),
+                    None => client.device_name(device),
+                };
+                return Err(XlaError::Argument(format!(
+                    "{} is on device {}, but the run is on device {run_on}: the node does not move \
+                     buffers between devices (read it and place it there, or run on its device)",
+                    name(i, supplied),
+                    client.device_name(on),
+                )));
+            }
+        }
+    }
+    Ok(chosen.map_or(0, |(device, _)| device))
 }
 
 /// How error texts name argument `i` of a list whose first `supplied` the node supplies.

@@ -535,6 +535,10 @@ pjrt_args!(PJRT_Buffer_ReadyEvent_Args, last = event: *mut PJRT_Event, {
     buffer: *mut PJRT_Buffer,
     event: *mut PJRT_Event,
 });
+pjrt_args!(PJRT_Buffer_Device_Args, last = device: *mut PJRT_Device, {
+    buffer: *mut PJRT_Buffer,
+    device: *mut PJRT_Device,
+});
 pjrt_args!(PJRT_Buffer_OnDeviceSizeInBytes_Args, last = on_device_size_in_bytes: usize, {
     buffer: *mut PJRT_Buffer,
     on_device_size_in_bytes: usize,

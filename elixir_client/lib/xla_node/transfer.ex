@@ -6,7 +6,8 @@ defmodule XlaNode.Transfer do
   with it every buffer the processes of that peer hold there. So `XlaNode.to_device/3` and
   `XlaNode.read/3` (and through them `XlaNode.Backend`) move a tensor larger than one chunk as
   a stream of chunks: `{:upload, {type, dims}}`, then one `GenServer.cast` of
-  `{:upload, upload, chunk}` per chunk, then `{:upload_done, upload}`; a read asks for
+  `{:upload, upload, chunk}` per chunk, then `{:upload_done, upload}` (a placed tensor begins
+  with `{:upload, {type, dims}, [device: n]}`); a read asks for
   `{:read, buffer, chunk_bytes: n}` and receives the chunks as messages. A chunk is 32 MiB, or
   less where the node's limit (`:info`'s `max_message_bytes`, asked once per node and kept in
   `:persistent_term`) is lower.
@@ -26,7 +27,19 @@ defmodule XlaNode.Transfer do
       when is_bitstring(data) do
     case chunk_bytes(target, timeout) do
       chunk when is_integer(chunk) and bit_size(data) > 8 * chunk ->
-        upload(target, data, {type, dims}, chunk, timeout)
+        upload(target, data, {:upload, {type, dims}}, chunk, timeout)
+
+      _ ->
+        GenServer.call(target, request, timeout)
+    end
+  end
+
+  # With placement options (`device: n`), which the upload takes too.
+  def call(target, {:to_device, {data, {type, dims}}, opts} = request, timeout)
+      when is_bitstring(data) do
+    case chunk_bytes(target, timeout) do
+      chunk when is_integer(chunk) and bit_size(data) > 8 * chunk ->
+        upload(target, data, {:upload, {type, dims}, opts}, chunk, timeout)
 
       _ ->
         GenServer.call(target, request, timeout)
@@ -85,8 +98,8 @@ defmodule XlaNode.Transfer do
   defp node_of(pid) when is_pid(pid), do: node(pid)
   defp node_of(name) when is_atom(name), do: node()
 
-  defp upload(target, data, shape, chunk, timeout) do
-    case GenServer.call(target, {:upload, shape}, timeout) do
+  defp upload(target, data, begin, chunk, timeout) do
+    case GenServer.call(target, begin, timeout) do
       {:ok, upload} ->
         data |> whole_bytes() |> send_chunks(target, upload, chunk)
         GenServer.call(target, {:upload_done, upload}, timeout)

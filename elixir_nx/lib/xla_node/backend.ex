@@ -162,7 +162,24 @@ defmodule XlaNode.Backend do
   ## Creation
 
   @impl true
-  def from_binary(out, binary, opts), do: Transfer.place!(out, node!(opts), binary)
+  def from_binary(out, binary, opts),
+    do: Transfer.place!(out, node!(opts), binary, placement(opts))
+
+  # `device_id: n` places tensors that come from the host on that device of the node.
+  defp placement(opts) do
+    case Keyword.fetch(opts, :device_id) do
+      {:ok, device} when is_integer(device) and device >= 0 ->
+        [device: device]
+
+      {:ok, other} ->
+        raise ArgumentError,
+              "XlaNode.Backend: :device_id must be a device index (a non-negative integer), " <>
+                "got #{inspect(other)}"
+
+      :error ->
+        []
+    end
+  end
 
   @impl true
   def constant(%Nx.Tensor{shape: {}} = out, number, opts) do
@@ -227,10 +244,18 @@ defmodule XlaNode.Backend do
     node = node!(opts)
 
     case t.data do
-      %{buffer: {:inline, _}} -> put_in(t.data.node, node)
-      # A copy on the node itself: a program that returns its argument.
-      %{node: ^node} -> Eager.run(:copy, t, [t], node, fn [t] -> t end)
-      _other_node -> Transfer.place!(t, node, Transfer.read!(t))
+      %{buffer: {:inline, _}} ->
+        put_in(t.data.node, node)
+
+      # A copy on the node itself, on the tensor's own device: a program that returns its
+      # argument. To a device named, through the host: the node does not move buffers.
+      %{node: ^node} ->
+        if Keyword.has_key?(opts, :device_id),
+          do: Transfer.place!(t, node, Transfer.read!(t), placement(opts)),
+          else: Eager.run(:copy, t, [t], node, fn [t] -> t end)
+
+      _other_node ->
+        Transfer.place!(t, node, Transfer.read!(t), placement(opts))
     end
   end
 
@@ -241,7 +266,7 @@ defmodule XlaNode.Backend do
 
   @impl true
   def backend_transfer(%Nx.Tensor{data: %__MODULE__{node: node}} = t, backend, opts) do
-    if backend == __MODULE__ and opts[:node] == node do
+    if backend == __MODULE__ and opts[:node] == node and not Keyword.has_key?(opts, :device_id) do
       t
     else
       copy = backend_copy(t, backend, opts)

@@ -36,6 +36,11 @@ defmodule XlaNode.Compiler do
       the runs over several nodes and re-sends a run elsewhere when its node goes down; with
       `Nx.Serving`'s `partitions: true`, a pool gives one partition per node, so that batches
       run on the nodes side by side
+    * `:device_id` - the device of the node to run on, an index into `XlaNode.info/2`'s
+      `devices` (default: where the argument buffers are, else 0), as EXLA's `:device_id`.
+      Arguments from the host go there; an `XlaNode.Backend` argument on another device of
+      the node is refused (the node does not move buffers between devices). With
+      `Nx.Serving`'s `partitions: true` on a node, each device of the node is one partition
     * `:callback_timeout` - how long the node waits for each callback, in milliseconds or
       `:infinity` (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
@@ -82,15 +87,27 @@ defmodule XlaNode.Compiler do
 
   alias XlaNode.Compiler.{Cache, Options, Program}
 
-  # One partition per node of a pool, so that a serving's batches run on the nodes side by side.
+  # One partition per node of a pool, or per device of a node (as EXLA gives one per device of
+  # its client), so that a serving's batches run side by side.
   @impl true
   def __partitions_options__(opts) do
     opts = Options.validate!(opts)
     node = Keyword.get(opts, :node)
 
-    if XlaNode.Pool.pool?(node),
-      do: List.duplicate(opts, max(length(XlaNode.Pool.nodes(node)), 1)),
-      else: [opts]
+    if XlaNode.Pool.pool?(node) do
+      List.duplicate(opts, max(length(XlaNode.Pool.nodes(node)), 1))
+    else
+      for device <- 0..(device_count(node!(opts)) - 1)//1,
+          do: Keyword.put(opts, :device_id, device)
+    end
+  end
+
+  defp device_count(node) do
+    case XlaNode.info(node) do
+      {:ok, %{devices: [_ | _] = devices}} -> length(devices)
+      {:ok, _older_node} -> 1
+      {:error, error} -> raise error
+    end
   end
 
   @impl true
@@ -100,7 +117,7 @@ defmodule XlaNode.Compiler do
     node = node!(opts)
 
     if keep_on_device?(opts),
-      do: {XlaNode.Backend, node: node},
+      do: {XlaNode.Backend, [node: node] ++ Keyword.take(opts, [:device_id])},
       else: {Nx.BinaryBackend, []}
   end
 

@@ -41,6 +41,10 @@ defmodule XlaNode.Pool.Dispatch do
       {:to_device, _tensor} ->
         anywhere(ctx, deadline, &XlaNode.call_node(&1, request, &2))
 
+      # Placed on that device of whichever node the pool chooses.
+      {:to_device, tensor, placement} ->
+        anywhere(ctx, deadline, &XlaNode.to_device(&1, tensor, [timeout: &2] ++ placement))
+
       {:read, buffer} ->
         on_buffer_node(ctx, buffer, deadline, &XlaNode.call_node(&1, request, &2))
 

@@ -17,11 +17,14 @@ defmodule XlaNode.Backend.Transfer do
   alias XlaNode.Backend
   alias XlaNode.Backend.Scope
 
-  @doc "Places `binary` (the data of `out`'s type and shape) on `node`: a tensor shaped as `out`."
-  def place!(out, node, binary) do
+  @doc """
+  Places `binary` (the data of `out`'s type and shape) on `node`, on the device `placement`'s
+  `:device` names (`XlaNode.to_device/3`'s option): a tensor shaped as `out`.
+  """
+  def place!(out, node, binary, placement \\ []) do
     tensor = {binary, {out.type, Tuple.to_list(out.shape)}}
 
-    case XlaNode.to_device(node, tensor) do
+    case XlaNode.to_device(node, tensor, placement) do
       {:ok, buffer} -> wrap(out, node, buffer)
       {:error, error} -> raise error
     end

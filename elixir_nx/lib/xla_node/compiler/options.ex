@@ -14,6 +14,7 @@ defmodule XlaNode.Compiler.Options do
 
   @own [
     node: :node,
+    device_id: :non_neg_integer,
     callbacks: {:in, [:inside, :split]},
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,

@@ -74,6 +74,7 @@ defmodule XlaNode.Compiler.Program do
     run_opts =
       opts
       |> Keyword.take([:callback_timeout, :queue_timeout, :wait])
+      |> then(&if(device = opts[:device_id], do: [{:device, device} | &1], else: &1))
       |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(stored_key))
 
