@@ -78,31 +78,7 @@ impl Run {
                 .chain(given)
                 .collect()
         };
-        for (i, (arg, param)) in args.iter().zip(params).enumerate() {
-            let (given, bytes) = match arg {
-                Argument::Host(t)
-                    if t.dtype == param.dtype
-                        && t.dims == param.dims
-                        && t.data.len() == param.byte_size() =>
-                {
-                    continue
-                }
-                Argument::Host(t) => (t.spec(), t.data.len()),
-                Argument::Device(b) if !exe.owns(b) => {
-                    return Err(XlaError::Argument(format!(
-                        "{}: the buffer belongs to another client",
-                        name(i, supplied)
-                    )))
-                }
-                Argument::Device(b) if b.spec() == param => continue,
-                Argument::Device(b) => (b.spec().clone(), b.byte_size()),
-            };
-            return Err(XlaError::Argument(format!(
-                "{}: expected {param} ({} bytes), got {given} ({bytes} bytes)",
-                name(i, supplied),
-                param.byte_size(),
-            )));
-        }
+        check_arguments(&exe, &args, supplied)?;
         let device = run_device(&exe, &args, supplied, device)?;
         Ok(Run {
             exe,
@@ -169,29 +145,7 @@ impl Run {
                 args.len()
             )));
         }
-        for (i, (arg, param)) in args.iter().zip(params).enumerate() {
-            let (given, bytes) = match arg {
-                Argument::Host(t)
-                    if t.dtype == param.dtype
-                        && t.dims == param.dims
-                        && t.data.len() == param.byte_size() =>
-                {
-                    continue
-                }
-                Argument::Host(t) => (t.spec(), t.data.len()),
-                Argument::Device(b) if !exe.owns(b) => {
-                    return Err(XlaError::Argument(format!(
-                        "argument {i}: the buffer belongs to another client"
-                    )))
-                }
-                Argument::Device(b) if b.spec() == param => continue,
-                Argument::Device(b) => (b.spec().clone(), b.byte_size()),
-            };
-            return Err(XlaError::Argument(format!(
-                "argument {i}: expected {param} ({} bytes), got {given} ({bytes} bytes)",
-                param.byte_size(),
-            )));
-        }
+        check_arguments(&exe, &args, 0)?;
         let device = run_device(&exe, &args, 0, Some(device))?;
         Ok(Run {
             exe,
@@ -325,6 +279,37 @@ fn run_device(
         }
     }
     Ok(chosen.map_or(0, |(device, _)| device))
+}
+
+/// Checks each argument against the executable's parameter of its position (the count was
+/// checked): a tensor of its type and shape, a buffer of this client with its spec.
+fn check_arguments(exe: &Executable, args: &[Argument], supplied: usize) -> Result<(), XlaError> {
+    for (i, (arg, param)) in args.iter().zip(exe.parameters()).enumerate() {
+        let (given, bytes) = match arg {
+            Argument::Host(t)
+                if t.dtype == param.dtype
+                    && t.dims == param.dims
+                    && t.data.len() == param.byte_size() =>
+            {
+                continue
+            }
+            Argument::Host(t) => (t.spec(), t.data.len()),
+            Argument::Device(b) if !exe.owns(b) => {
+                return Err(XlaError::Argument(format!(
+                    "{}: the buffer belongs to another client",
+                    name(i, supplied)
+                )))
+            }
+            Argument::Device(b) if b.spec() == param => continue,
+            Argument::Device(b) => (b.spec().clone(), b.byte_size()),
+        };
+        return Err(XlaError::Argument(format!(
+            "{}: expected {param} ({} bytes), got {given} ({bytes} bytes)",
+            name(i, supplied),
+            param.byte_size(),
+        )));
+    }
+    Ok(())
 }
 
 /// How error texts name argument `i` of a list whose first `supplied` the node supplies.
