@@ -1,6 +1,6 @@
 defmodule XlaNode.TrainingStepTest do
   @moduledoc """
-  A training step in one round trip (issue #38): a run keeps some results on the device and
+  A training step in one round trip: a run keeps some results on the device and
   returns the others in the same reply (`keep_on_device: [indices]`), so a step as users write
   it (params kept on the node, the batch from the host, the loss back, the old params freed with
   one cast) is one call and one cast, counted by the node's own `:info` traffic counters: at most
