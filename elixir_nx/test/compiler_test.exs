@@ -605,7 +605,11 @@ defmodule XlaNode.CompilerTest do
     assert Nx.Defn.to_backend(compiler: XlaNode.Compiler, node: xla(), mode: :train) ==
              {Nx.BinaryBackend, []}
 
-    assert [_] = XlaNode.Compiler.__partitions_options__(node: xla(), mode: :train)
+    # One option set per device of the node, each with the foreign option kept.
+    {:ok, %{devices: devices}} = XlaNode.info(xla())
+    partitions = XlaNode.Compiler.__partitions_options__(node: xla(), mode: :train)
+    assert length(partitions) == length(devices)
+    assert Enum.all?(partitions, &(&1[:mode] == :train))
 
     # The node is still required, whatever else is given.
     assert_raise ArgumentError, ~r/needs the compute node/, fn ->
