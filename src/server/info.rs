@@ -23,11 +23,7 @@ pub fn info(state: &State) -> Term {
     let (runs, run_errors) = state.runs().counts();
     let (major, minor) = client.api().version();
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
-    let devices = client
-        .devices()
-        .iter()
-        .map(|d| text(format!("{}:{}", d.kind, d.id)))
-        .collect();
+    let devices = client.devices().iter().map(|d| text(d.name())).collect();
     map(vec![
         ("node", atom(node.name())),
         ("version", text(env!("CARGO_PKG_VERSION"))),

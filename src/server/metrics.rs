@@ -321,7 +321,7 @@ fn device_memory(out: &mut DescriptorEncoder, devices: &[DeviceMemory]) -> fmt::
     for (name, help, figure) in figures {
         let reported: Vec<(String, i64)> = devices
             .iter()
-            .filter_map(|d| figure(d).map(|n| (format!("{}:{}", d.kind, d.id), n)))
+            .filter_map(|d| figure(d).map(|n| (d.name(), n)))
             .collect();
         if reported.is_empty() {
             continue;

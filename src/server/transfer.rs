@@ -15,7 +15,7 @@ use super::parse::{argument, keywords, placement_options, reference, Elements};
 use super::resources::Resource;
 use super::state::State;
 use crate::node::gen::Caller;
-use crate::node::term::{atom, int, ok, tuple};
+use crate::node::term::{as_i64, atom, int, ok, tuple};
 use crate::tensor_term::{data_bits, data_term, parse_shape, shape_term};
 use crate::xla::{DeviceUpload, HostTensor, TensorSpec};
 use eetf::{Reference, Term};
@@ -306,19 +306,16 @@ impl UploadDoneRequest {
 pub fn parse_read_options(opts: &Term) -> Result<Option<usize>, RequestError> {
     let mut chunk_bytes = None;
     for (key, value) in keywords(opts)? {
-        match (key.as_str(), &value) {
-            ("chunk_bytes", Term::FixInteger(n)) if n.value > 0 => {
-                chunk_bytes = Some(n.value as usize)
-            }
-            ("chunk_bytes", Term::BigInteger(n)) if n.value > 0.into() => {
-                chunk_bytes = usize::try_from(&n.value).ok()
-            }
-            ("chunk_bytes", other) => {
-                return Err(argument(format!(
-                    "chunk_bytes must be a positive integer, got {other}"
-                )))
-            }
-            (other, _) => return Err(argument(format!("unknown read option {other}"))),
+        match key.as_str() {
+            "chunk_bytes" => match as_i64(&value) {
+                Some(n) if n > 0 => chunk_bytes = Some(n as usize),
+                _ => {
+                    return Err(argument(format!(
+                        "chunk_bytes must be a positive integer, got {value}"
+                    )))
+                }
+            },
+            other => return Err(argument(format!("unknown read option {other}"))),
         }
     }
     Ok(chunk_bytes)

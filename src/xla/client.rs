@@ -273,6 +273,26 @@ pub struct DeviceInfo {
     pub addressable: bool,
 }
 
+/// How the node names a device (`:info`'s `devices`, `/metrics`' `device` label, errors):
+/// `kind:id`, as `cpu:0` or `cuda:1`.
+fn device_label(kind: &str, id: i32) -> String {
+    format!("{kind}:{id}")
+}
+
+impl DeviceInfo {
+    /// The device's name, `kind:id`.
+    pub fn name(&self) -> String {
+        device_label(&self.kind, self.id)
+    }
+}
+
+impl DeviceMemory {
+    /// The device's name, `kind:id`.
+    pub fn name(&self) -> String {
+        device_label(&self.kind, self.id)
+    }
+}
+
 /// One device's memory, in bytes, as its plugin reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMemory {
@@ -497,7 +517,7 @@ impl Client {
             return format!("device {index}");
         };
         match self.0.device_handles.iter().position(|&h| h == handle) {
-            Some(i) => format!("{}:{}", self.0.devices[i].kind, self.0.devices[i].id),
+            Some(i) => self.0.devices[i].name(),
             None => format!("device {index}"),
         }
     }

@@ -456,8 +456,7 @@ pub struct CallFrame<'a> {
     _life: PhantomData<&'a mut XLA_FFI_CallFrame>,
 }
 
-/// Host addresses that replace the device addresses of a call's buffers, by list position
-/// (null for entries that are not buffers).
+/// Host addresses that replace the device addresses of a call's buffers, by list position.
 struct HostCopies {
     args: Vec<*mut u8>,
     rets: Vec<*mut u8>,
@@ -537,36 +536,27 @@ impl CallFrame<'_> {
         if let Some(msg) = super::kernel::take_ffi_error(api, err) {
             return Err(format!("getting the callback's CUDA stream: {msg}"));
         }
-        let regions = |list: &XLA_FFI_Args| -> Vec<(usize, cuda::DeviceRegion)> {
+        // One region per list position; entries that are not buffers take no room.
+        let regions = |list: &XLA_FFI_Args| -> Vec<cuda::DeviceRegion> {
             (0..Self::list_len(list))
-                .filter_map(|i| Self::raw_tensor(list, i).map(|t| (i, t)))
-                .map(|(i, t)| {
-                    (
-                        i,
-                        cuda::DeviceRegion {
-                            device: t.data,
-                            len: t.len,
-                        },
-                    )
+                .map(|i| match Self::raw_tensor(list, i) {
+                    Some(t) => cuda::DeviceRegion {
+                        device: t.data,
+                        len: t.len,
+                    },
+                    None => cuda::DeviceRegion {
+                        device: std::ptr::null_mut(),
+                        len: 0,
+                    },
                 })
                 .collect()
         };
-        let (operands, results) = (regions(&f.args), regions(&f.rets));
-        let strip =
-            |v: &[(usize, cuda::DeviceRegion)]| v.iter().map(|(_, r)| *r).collect::<Vec<_>>();
         // SAFETY: `args.stream` is the call's stream and the regions its buffers (the
         // function's contract).
-        let staged = unsafe { cuda::stage(args.stream, &strip(&operands), &strip(&results)) }?;
-        let place = |len: usize, entries: &[(usize, cuda::DeviceRegion)], hosts: &[*mut u8]| {
-            let mut by_position = vec![std::ptr::null_mut(); len];
-            for ((i, _), host) in entries.iter().zip(hosts) {
-                by_position[*i] = *host;
-            }
-            by_position
-        };
+        let staged = unsafe { cuda::stage(args.stream, &regions(&f.args), &regions(&f.rets)) }?;
         let host = HostCopies {
-            args: place(Self::list_len(&f.args), &operands, &staged.operands),
-            rets: place(Self::list_len(&f.rets), &results, &staged.results),
+            args: staged.operands.clone(),
+            rets: staged.results.clone(),
         };
         self.host = Some(host);
         Ok(staged)
