@@ -96,7 +96,7 @@ impl Upload {
 
     /// Writes the pending chunks to the device in order, on an executor thread, until none is
     /// left; then answers an `upload_done` that came meanwhile.
-    fn write_pending(self: &Arc<Self>, state: &State) {
+    fn write_pending(&self, state: &State) {
         loop {
             let (chunk, device) = {
                 let mut parts = self.lock();

@@ -74,7 +74,7 @@ defmodule XlaNode.Transfer do
   end
 
   defp max_message_bytes(target, timeout) do
-    node = node_of(target)
+    node = XlaNode.Telemetry.node_of(target)
     key = {__MODULE__, :max_message_bytes, node}
 
     case :persistent_term.get(key, :unknown) do
@@ -93,10 +93,6 @@ defmodule XlaNode.Transfer do
         limit
     end
   end
-
-  defp node_of({_name, node}) when is_atom(node), do: node
-  defp node_of(pid) when is_pid(pid), do: node(pid)
-  defp node_of(name) when is_atom(name), do: node()
 
   defp upload(target, data, begin, chunk, timeout) do
     case GenServer.call(target, begin, timeout) do
