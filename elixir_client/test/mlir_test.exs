@@ -97,6 +97,80 @@ defmodule XlaNode.MLIRTest do
     end
   end
 
+  test "a function cannot be defined inside another" do
+    assert_raise ArgumentError, ~r/function\/4 cannot be called inside another function/, fn ->
+      M.module(fn ->
+        M.function("main", [{@f32, []}], fn [x] ->
+          M.function("inner", [{@f32, []}], fn [y] -> M.add(x, y) end)
+          x
+        end)
+      end)
+    end
+  end
+
+  test "functions belong to one module, defined once" do
+    assert_raise ArgumentError,
+                 ~r/function\/4 must be called inside XlaNode.MLIR.module\/1/,
+                 fn ->
+                   M.function("main", [], fn [] -> M.constant(1.0, {@f32, []}) end)
+                 end
+
+    assert_raise ArgumentError, ~r/XlaNode.MLIR.module\/1 calls cannot nest/, fn ->
+      M.module(fn -> main([], fn [] -> M.constant(1.0, {@f32, []}) end) end)
+    end
+
+    assert_raise ArgumentError, ~r/function "main" is defined twice/, fn ->
+      M.module(fn ->
+        M.function("main", [], fn [] -> M.constant(1.0, {@f32, []}) end)
+        M.function("main", [], fn [] -> M.constant(2.0, {@f32, []}) end)
+      end)
+    end
+
+    # A failed build leaves nothing behind: the next one starts afresh.
+    assert main([], fn [] -> M.constant(1.0, {@f32, []}) end) =~ "%0 = \"stablehlo.constant\""
+  end
+
+  test "a value used after its function was built is refused" do
+    M.module(fn ->
+      M.function("main", [{@f32, []}], fn [x] ->
+        send(self(), {:leaked, x})
+        x
+      end)
+    end)
+
+    assert_received {:leaked, x}
+
+    assert_raise ArgumentError, ~r/not inside XlaNode.MLIR.function\/3/, fn -> M.negate(x) end
+  end
+
+  test "a value used by another process is refused there" do
+    main([{@f32, []}], fn [x] ->
+      task = Task.async(fn -> catch_error(M.negate(x)) end)
+      assert %ArgumentError{message: "not inside XlaNode.MLIR.function/3"} = Task.await(task)
+      M.negate(x)
+    end)
+  end
+
+  test "a region whose function raised leaves no op behind, and its ops' names free" do
+    text =
+      main([{@f32, [2]}], fn [x] ->
+        zero = M.constant(0.0, {@f32, []})
+
+        assert_raise ArgumentError, ~r/stablehlo.add: got tensor<f32>, tensor<i32>/, fn ->
+          M.reduce(x, zero, [0], fn [a, b] ->
+            M.multiply(a, b)
+            M.add(a, M.constant(1, {{:s, 32}, []}))
+          end)
+        end
+
+        M.reduce(x, zero, [0], fn [a, b] -> M.add(a, b) end)
+      end)
+
+    assert text =~ ~s|%5 = "stablehlo.add"(%3, %4)|
+    assert text =~ ~s|%6 = "stablehlo.reduce"(%arg0, %0)|
+    refute text =~ "stablehlo.multiply"
+  end
+
   describe "the 2- and 4-bit integers and the 8-bit floats" do
     test "element types and constants" do
       text =

@@ -1,0 +1,87 @@
+defmodule XlaNode.MLIR.Builders do
+  @moduledoc false
+  # Where each process stands in building with XlaNode.MLIR: the module its `module/1` call is
+  # building and the function, if any, whose body is running. The state of the build lives in
+  # that module and function (XlaNode.MLIR.Module, XlaNode.MLIR.Function), which values and
+  # functions carry; this says only where a process is, for what no value can tell: the
+  # function of an op without operands (a constant, an iota) or of a region's block arguments,
+  # the module `function/4` adds to, and which error an op outside its function raises.
+  #
+  # A public ETS table keyed by pid, which a process of its own keeps for the life of the VM:
+  # a process building a module may end at any time, and the table must outlive it.
+
+  @table __MODULE__
+
+  @doc """
+  Notes that the calling process builds `module`; raises `ArgumentError` if it builds one
+  already.
+  """
+  def open_module!(module) do
+    unless :ets.insert_new(table(), {self(), module, nil}),
+      do: raise(ArgumentError, "XlaNode.MLIR.module/1 calls cannot nest")
+
+    :ok
+  end
+
+  @doc "Notes that the calling process builds no module any more."
+  def close_module do
+    :ets.delete(@table, self())
+    :ok
+  end
+
+  @doc "The module and the function (or `nil`) the calling process builds; `nil` if none."
+  def where do
+    case :ets.lookup(table(), self()) do
+      [{_pid, module, function}] -> {module, function}
+      [] -> nil
+    end
+  end
+
+  @doc "The function whose body the calling process runs, or `nil`."
+  def function do
+    case where() do
+      {_module, function} -> function
+      nil -> nil
+    end
+  end
+
+  @doc "Notes the function whose body the calling process runs (`nil` when it ends)."
+  def put_function(function) do
+    :ets.update_element(@table, self(), {3, function})
+    :ok
+  end
+
+  defp table do
+    if :ets.whereis(@table) == :undefined, do: start_keeper()
+    @table
+  end
+
+  # The table's owner: a process that only keeps it. Two processes may start one at once; the
+  # one that does not create the table ends.
+  defp start_keeper do
+    caller = self()
+
+    {keeper, monitor} =
+      spawn_monitor(fn ->
+        try do
+          :ets.new(@table, [
+            :named_table,
+            :public,
+            read_concurrency: true,
+            write_concurrency: true
+          ])
+        rescue
+          # Another keeper created it first.
+          ArgumentError -> exit(:normal)
+        end
+
+        send(caller, {@table, self()})
+        Process.sleep(:infinity)
+      end)
+
+    receive do
+      {@table, ^keeper} -> Process.demonitor(monitor, [:flush])
+      {:DOWN, ^monitor, :process, ^keeper, _already_created} -> :ok
+    end
+  end
+end

@@ -1,0 +1,158 @@
+defmodule XlaNode.MLIR.Function do
+  @moduledoc false
+  # A function being built (what `XlaNode.MLIR.function/4` does). Its values carry it, as
+  # EXLA's values carry their function, and an op on them writes into it: the function holds
+  # its ops' lines in an ETS table owned by the building process, keyed by the number each op
+  # was named by (`%n`), and the counter that numbers them. Numbers follow the calls that made
+  # the ops, so when a region's body returns, the ops written since it opened are its block's
+  # (XlaNode.MLIR.Region takes them out into its op's line), and when the function's body
+  # returns, those left are its own, in order.
+
+  alias XlaNode.MLIR.{Builders, Func, Module, Type, Value}
+
+  @enforce_keys [:name, :lines, :state, :owner]
+  defstruct [:name, :lines, :state, :owner]
+
+  @typedoc """
+  `lines`: the ETS table of `{number, line}`; `state`: atomics of the next number and whether
+  the body runs (1) or returned (0); `owner`: the building process.
+  """
+  @type t :: %__MODULE__{
+          name: String.t(),
+          lines: :ets.tid(),
+          state: :atomics.atomics_ref(),
+          owner: pid()
+        }
+
+  @next 1
+  @open 2
+
+  @doc """
+  Builds the function `name` of the module the calling process builds: `body` receives values
+  of `arg_types` and returns a value or a list of values. Returns its `XlaNode.MLIR.Func`.
+  """
+  def build(name, arg_types, body, private) do
+    module =
+      case Builders.where() do
+        {module, nil} ->
+          module
+
+        {_module, _function} ->
+          raise ArgumentError, "function/4 cannot be called inside another function"
+
+        nil ->
+          raise ArgumentError, "function/4 must be called inside XlaNode.MLIR.module/1"
+      end
+
+    if Module.defined?(module, name),
+      do: raise(ArgumentError, "function #{inspect(name)} is defined twice")
+
+    arg_types = Enum.map(arg_types, &Type.check!("function #{name}", &1))
+
+    function = %__MODULE__{
+      name: name,
+      lines: :ets.new(__MODULE__, [:ordered_set, :private]),
+      state: :atomics.new(2, signed: false),
+      owner: self()
+    }
+
+    args =
+      for {t, i} <- Enum.with_index(arg_types),
+          do: %Value{name: "%arg#{i}", type: t, function: function}
+
+    :atomics.put(function.state, @open, 1)
+    Builders.put_function(function)
+
+    try do
+      results = body.(args) |> List.wrap() |> Enum.map(&value!("return", &1))
+      result_types = Enum.map(results, & &1.type)
+
+      text =
+        [
+          "func.func #{if private, do: "private ", else: ""}@#{name}(",
+          Enum.map_join(args, ", ", &"#{&1.name}: #{Type.text(&1.type)}"),
+          ") -> (",
+          Type.texts(result_types),
+          ") {\n",
+          :ets.select(function.lines, [{{:_, :"$1"}, [], [:"$1"]}]),
+          "  \"func.return\"(#{names(results)}) : (#{Type.texts(result_types)}) -> ()\n}\n"
+        ]
+        |> IO.iodata_to_binary()
+
+      Module.add(module, name, text)
+      %Func{name: name, arg_types: arg_types, result_types: result_types}
+    after
+      :atomics.put(function.state, @open, 0)
+      Builders.put_function(nil)
+      :ets.delete(function.lines)
+    end
+  end
+
+  @doc """
+  `value` if it is a value of the function whose body runs in the calling process; raises
+  `ArgumentError` otherwise (naming `op` if it is not a value at all).
+  """
+  def value!(_op, %Value{function: %__MODULE__{owner: owner, state: state}} = value)
+      when owner == self() do
+    if :atomics.get(state, @open) == 1, do: value, else: misplaced!(value)
+  end
+
+  def value!(_op, %Value{} = value), do: misplaced!(value)
+
+  def value!(op, other),
+    do: raise(ArgumentError, "#{op}: expected a value, got #{inspect(other)}")
+
+  # A value used where its function is not being built: in another function, or in none.
+  defp misplaced!(value) do
+    if Builders.function(),
+      do: raise(ArgumentError, "#{value.name} belongs to another function"),
+      else: raise(ArgumentError, "not inside XlaNode.MLIR.function/3")
+  end
+
+  @doc """
+  The function an op of `operands` writes into: theirs (they were checked with `value!/2`),
+  or for an op without operands the one whose body runs.
+  """
+  def of([%Value{function: function} | _]), do: function
+  def of([]), do: current!()
+
+  @doc "The function whose body runs in the calling process; raises `ArgumentError` if none."
+  def current! do
+    Builders.function() || raise ArgumentError, "not inside XlaNode.MLIR.function/3"
+  end
+
+  @doc "A fresh number for a value of `function` (`%n`)."
+  def next_number(%__MODULE__{state: state}), do: :atomics.add_get(state, @next, 1) - 1
+
+  @doc "The number `next_number/1` gives next."
+  def peek_number(%__MODULE__{state: state}), do: :atomics.get(state, @next)
+
+  @doc "Writes the line of the op numbered `number`."
+  def write(%__MODULE__{lines: lines}, number, line) do
+    :ets.insert(lines, {number, line})
+    :ok
+  end
+
+  @doc "Takes out the lines of the ops numbered from `first` on, in order."
+  def take_from(%__MODULE__{lines: lines}, first), do: take(lines, :ets.next(lines, first - 1))
+
+  defp take(_lines, :"$end_of_table"), do: []
+
+  defp take(lines, number) do
+    [{_, line}] = :ets.take(lines, number)
+    [line | take(lines, :ets.next(lines, number))]
+  end
+
+  @doc """
+  Forgets the ops numbered from `first` on and gives their numbers again: what a region whose
+  body raised leaves.
+  """
+  def discard_from(%__MODULE__{state: state} = function, first) do
+    take_from(function, first)
+    :atomics.put(state, @next, first)
+    :ok
+  end
+
+  @doc "The names of values, comma-separated."
+  def names(values), do: Enum.map_join(values, ", ", & &1.name)
+end
