@@ -124,7 +124,7 @@ defmodule XlaNode.MLIR do
   """
   def function(name, arg_types, body, opts \\ []) when is_binary(name) and is_function(body, 1) do
     opts = options!(opts, "function/4", private: :boolean)
-    Function.build(name, arg_types, body, Keyword.get(opts, :private, name != "main"))
+    Function.build(name, arg_types, body, Keyword.put_new(opts, :private, name != "main"))
   end
 
   @doc "Calls a function of the module (`func.call`); returns its result, or a list of results."

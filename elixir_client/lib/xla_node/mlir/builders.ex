@@ -31,7 +31,7 @@ defmodule XlaNode.MLIR.Builders do
 
   @doc "The module and the function (or `nil`) the calling process builds; `nil` if none."
   def where do
-    case :ets.lookup(table(), self()) do
+    case lookup(self()) do
       [{_pid, module, function}] -> {module, function}
       [] -> nil
     end
@@ -49,6 +49,13 @@ defmodule XlaNode.MLIR.Builders do
   def put_function(function) do
     :ets.update_element(@table, self(), {3, function})
     :ok
+  end
+
+  defp lookup(pid) do
+    :ets.lookup(@table, pid)
+  rescue
+    # No process has built a module yet.
+    ArgumentError -> []
   end
 
   defp table do

@@ -30,8 +30,9 @@ defmodule XlaNode.MLIR.Function do
   @doc """
   Builds the function `name` of the module the calling process builds: `body` receives values
   of `arg_types` and returns a value or a list of values. Returns its `XlaNode.MLIR.Func`.
+  `opts`, checked by `XlaNode.MLIR.function/4`: `private` (whether it is written private).
   """
-  def build(name, arg_types, body, private) do
+  def build(name, arg_types, body, opts) do
     module =
       case Builders.where() do
         {module, nil} ->
@@ -69,7 +70,7 @@ defmodule XlaNode.MLIR.Function do
 
       text =
         [
-          "func.func #{if private, do: "private ", else: ""}@#{name}(",
+          "func.func #{if opts[:private], do: "private ", else: ""}@#{name}(",
           Enum.map_join(args, ", ", &"#{&1.name}: #{Type.text(&1.type)}"),
           ") -> (",
           Type.texts(result_types),
