@@ -8,9 +8,11 @@ defmodule XlaNode.MLIR.Builders do
   # the module `function/4` adds to, and which error an op outside its function raises.
   #
   # A public ETS table keyed by pid, which a process of its own keeps for the life of the VM:
-  # a process building a module may end at any time, and the table must outlive it.
+  # a process building a module may end at any time, and the table must outlive it. A process
+  # killed while it builds leaves its row behind; the keeper drops such rows now and then.
 
   @table __MODULE__
+  @sweep_every :timer.minutes(1)
 
   @doc """
   Notes that the calling process builds `module`; raises `ArgumentError` if it builds one
@@ -83,12 +85,22 @@ defmodule XlaNode.MLIR.Builders do
         end
 
         send(caller, {@table, self()})
-        Process.sleep(:infinity)
+        keep()
       end)
 
     receive do
       {@table, ^keeper} -> Process.demonitor(monitor, [:flush])
       {:DOWN, ^monitor, :process, ^keeper, _already_created} -> :ok
     end
+  end
+
+  defp keep do
+    Process.sleep(@sweep_every)
+
+    for {pid, _module, _function} <- :ets.tab2list(@table),
+        not Process.alive?(pid),
+        do: :ets.delete(@table, pid)
+
+    keep()
   end
 end
