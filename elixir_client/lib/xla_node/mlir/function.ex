@@ -2,8 +2,8 @@ defmodule XlaNode.MLIR.Function do
   @moduledoc false
   # A function being built (what `XlaNode.MLIR.function/4` does). Its values carry it, as
   # EXLA's values carry their function, and an op on them writes into it: the function holds
-  # its ops' lines in an ETS table owned by the building process, keyed by the number each op
-  # was named by (`%n`), and the counter that numbers them. Numbers follow the calls that made
+  # its ops' lines in its module's ETS table (functions do not nest), keyed by the number each
+  # op was named by (`%n`), and the counter that numbers them. Numbers follow the calls that made
   # the ops, so when a region's body returns, the ops written since it opened are its block's
   # (XlaNode.MLIR.Region takes them out into its op's line), and when the function's body
   # returns, those left are its own, in order.
@@ -14,7 +14,7 @@ defmodule XlaNode.MLIR.Function do
   defstruct [:name, :lines, :state, :owner]
 
   @typedoc """
-  `lines`: the ETS table of `{number, line}`; `state`: atomics of the next number and whether
+  `lines`: the ETS table of its module where it writes `{number, line}`; `state`: atomics of the next number and whether
   the body runs (1) or returned (0); `owner`: the building process.
   """
   @type t :: %__MODULE__{
@@ -52,7 +52,7 @@ defmodule XlaNode.MLIR.Function do
 
     function = %__MODULE__{
       name: name,
-      lines: :ets.new(__MODULE__, [:ordered_set, :private]),
+      lines: module.table,
       state: :atomics.new(2, signed: false),
       owner: self()
     }
@@ -75,7 +75,7 @@ defmodule XlaNode.MLIR.Function do
           ") -> (",
           Type.texts(result_types),
           ") {\n",
-          :ets.select(function.lines, [{{:_, :"$1"}, [], [:"$1"]}]),
+          take_from(function, 0),
           "  \"func.return\"(#{names(results)}) : (#{Type.texts(result_types)}) -> ()\n}\n"
         ]
         |> IO.iodata_to_binary()
@@ -85,7 +85,8 @@ defmodule XlaNode.MLIR.Function do
     after
       :atomics.put(function.state, @open, 0)
       Builders.put_function(nil)
-      :ets.delete(function.lines)
+      # What a body that raised wrote.
+      take_from(function, 0)
     end
   end
 
@@ -137,12 +138,13 @@ defmodule XlaNode.MLIR.Function do
   @doc "Takes out the lines of the ops numbered from `first` on, in order."
   def take_from(%__MODULE__{lines: lines}, first), do: take(lines, :ets.next(lines, first - 1))
 
-  defp take(_lines, :"$end_of_table"), do: []
-
-  defp take(lines, number) do
+  # Lines are keyed by integers, which sort before the module's other keys.
+  defp take(lines, number) when is_integer(number) do
     [{_, line}] = :ets.take(lines, number)
     [line | take(lines, :ets.next(lines, number))]
   end
+
+  defp take(_lines, _end), do: []
 
   @doc """
   Forgets the ops numbered from `first` on and gives their numbers again: what a region whose

@@ -2,19 +2,25 @@ defmodule XlaNode.MLIR.Module do
   @moduledoc false
   # A module being built (what `XlaNode.MLIR.module/1` does): the functions defined while its
   # builder runs, in an ETS table owned by the building process, written in the order they
-  # were defined once the builder returns.
+  # were defined once the builder returns. The same table holds the lines of the function
+  # being built (XlaNode.MLIR.Function), under integer keys.
 
   alias XlaNode.MLIR.Builders
 
-  @enforce_keys [:functions]
-  defstruct [:functions]
+  @enforce_keys [:table]
+  defstruct [:table]
 
-  @typedoc "`functions`: the ETS table of `{name, order, text}`."
-  @type t :: %__MODULE__{functions: :ets.tid()}
+  @typedoc "`table`: the ETS table of `{{:function, name}, order, text}` and of lines."
+  @type t :: %__MODULE__{table: :ets.tid()}
+
+  # The least heap of a building process, in words: the builder's state is off the heap, which
+  # then stays small and is collected often; the process's own setting is back afterwards.
+  @min_heap_size 32_768
 
   @doc "Runs `fun`, which defines the module's functions; returns the module's text."
   def build(fun) do
-    module = %__MODULE__{functions: :ets.new(__MODULE__, [:set, :private])}
+    module = %__MODULE__{table: :ets.new(__MODULE__, [:ordered_set, :private])}
+    heap = Process.flag(:min_heap_size, @min_heap_size)
 
     try do
       Builders.open_module!(module)
@@ -25,24 +31,26 @@ defmodule XlaNode.MLIR.Module do
         unless defined?(module, "main"),
           do: raise(ArgumentError, "the module has no \"main\" function")
 
-        module.functions
-        |> :ets.tab2list()
-        |> Enum.sort_by(fn {_name, order, _text} -> order end)
-        |> Enum.map_join("\n", fn {_name, _order, text} -> text end)
+        module.table
+        |> :ets.select([{{{:function, :_}, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
+        |> Enum.sort()
+        |> Enum.map_join("\n", fn {_order, text} -> text end)
       after
         Builders.close_module()
       end
     after
-      :ets.delete(module.functions)
+      :ets.delete(module.table)
+      Process.flag(:min_heap_size, heap)
     end
   end
 
   @doc "Whether `module` has a function `name`."
-  def defined?(%__MODULE__{functions: functions}, name), do: :ets.member(functions, name)
+  def defined?(%__MODULE__{table: table}, name), do: :ets.member(table, {:function, name})
 
   @doc "Adds the function `name`, of MLIR `text`, after those defined before."
-  def add(%__MODULE__{functions: functions}, name, text) do
-    :ets.insert(functions, {name, :ets.info(functions, :size), text})
+  def add(%__MODULE__{table: table}, name, text) do
+    # The function's lines are taken out by now: the table holds the functions alone.
+    :ets.insert(table, {{:function, name}, :ets.info(table, :size), text})
     :ok
   end
 end
