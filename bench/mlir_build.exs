@@ -2,8 +2,9 @@
 # of that commit is built beside this one (renamed Baseline.MLIR) and the two alternate, round by
 # round, with their texts compared byte for byte.
 #
-# The programs: a synthetic one of N steps, each a constant, a while loop whose condition
-# compares two reduces, a multiply and a tanh (about 26 ops and block arguments a step); and,
+# The programs: a module of two ops (what a module costs besides its ops); a synthetic one of N
+# steps, each a constant, a while loop whose condition compares two reduces, a multiply and a
+# tanh (about 26 ops and block arguments a step); and,
 # where Nx is loaded (run from elixir_nx), XlaNode.Compiler's lowering of defns: an MLP's
 # forward pass, the gradient of its loss and a training step (bench/nx_mlp.exs's model), and
 # the gradient of a deeper MLP (32 layers). For those the baseline builds with the lowering of
@@ -12,13 +13,14 @@
 #   cd elixir_client && MLIR_BASELINE_REF=main mix run ../bench/mlir_build.exs
 #   source /work/nxenv/env.sh; cd elixir_nx && MLIR_BASELINE_REF=main mix run ../bench/mlir_build.exs
 #
-# MLIR_BENCH_ONLY=<text> keeps the programs whose names contain it.
+# MLIR_BENCH_ONLY=<text> keeps the programs whose names contain it; MLIR_BENCH_ROUNDS=<n> runs n
+# rounds (3).
 #
-# Each build runs in a fresh process; it reports the CPU time (the VM's, which runs nothing else)
-# and the reductions of the process, which other load on the machine does not change.
+# Each measurement runs in a fresh process; it reports the CPU time and the garbage collections (the
+# VM's, which runs nothing else) and the reductions of the process, which other load on the
+# machine does not change.
 
 defmodule MLIRBuildBench do
-  @rounds 3
   @runs 7
 
   def run do
@@ -40,16 +42,18 @@ defmodule MLIRBuildBench do
       end
     end
 
-    for round <- 1..@rounds,
+    for round <- 1..String.to_integer(System.get_env("MLIR_BENCH_ROUNDS", "3")),
         {program, builds, fun} <- programs,
         {name, b} <- Enum.reverse(builders) do
       runs = for _ <- 1..@runs, do: measure(b, fun, builds)
       cpu = runs |> Enum.map(&elem(&1, 0)) |> Enum.sort()
       reductions = runs |> Enum.map(&elem(&1, 1)) |> Enum.min()
+      collections = runs |> Enum.map(&elem(&1, 2)) |> Enum.min()
 
       IO.puts(
         "round #{round} #{program} #{name}: cpu median #{ms(Enum.at(cpu, div(@runs, 2)), builds)} ms, " <>
-          "best #{ms(hd(cpu), builds)} ms, reductions #{div(reductions, builds)} (a build, of #{builds} in a process)"
+          "best #{ms(hd(cpu), builds)} ms, reductions #{div(reductions, builds)}, " <>
+          "collections #{Float.round(collections / builds, 1)} (a build, of #{builds} in a process)"
       )
     end
   end
@@ -63,29 +67,40 @@ defmodule MLIRBuildBench do
     fun.(builder)
   end
 
-  defp ms(total, builds), do: Float.round(total / builds, 2)
+  defp ms(total, builds), do: Float.round(total / builds, 3)
 
-  # The CPU time and reductions of `builds` builds in a fresh process (the runtime's clock
-  # counts milliseconds: small programs are built many times).
+  # The CPU time, reductions and garbage collections (the VM's, which runs nothing else) of
+  # `builds` builds in a fresh process (the runtime's clock counts milliseconds: small programs
+  # are built many times).
   defp measure(builder, fun, builds) do
     me = self()
 
     spawn(fn ->
       {_, _} = :erlang.statistics(:runtime)
+      {collections, _, _} = :erlang.statistics(:garbage_collection)
       for _ <- 1..builds, do: fun.(builder)
       {_, cpu} = :erlang.statistics(:runtime)
+      {collected, _, _} = :erlang.statistics(:garbage_collection)
       {:reductions, reductions} = Process.info(self(), :reductions)
-      send(me, {:measured, cpu, reductions})
+      send(me, {:measured, cpu, reductions, collected - collections})
     end)
 
     receive do
-      {:measured, cpu, reductions} -> {cpu, reductions}
+      {:measured, cpu, reductions, collections} -> {cpu, reductions, collections}
     end
   end
 
   defp synthetic_programs do
-    [{200, 10}, {2000, 1}]
-    |> Enum.map(fn {n, builds} -> {"synthetic n=#{n}", builds, &synthetic(&1.mlir, n)} end)
+    [{"two ops", 2000, &two_ops(&1.mlir)}] ++
+      Enum.map([{200, 10}, {2000, 1}], fn {n, builds} ->
+        {"synthetic n=#{n}", builds, &synthetic(&1.mlir, n)}
+      end)
+  end
+
+  # What a module costs besides its ops.
+  defp two_ops(m) do
+    type = {{:f, 32}, [4]}
+    m.module(fn -> m.function("main", [type], fn [x] -> m.add(x, m.constant(1.0, type)) end) end)
   end
 
   defp synthetic(m, n) do

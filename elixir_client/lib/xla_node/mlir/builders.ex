@@ -41,10 +41,10 @@ defmodule XlaNode.MLIR.Builders do
 
   @doc "The function whose body the calling process runs, or `nil`."
   def function do
-    case where() do
-      {_module, function} -> function
-      nil -> nil
-    end
+    :ets.lookup_element(@table, self(), 3)
+  rescue
+    # No row: the process builds no module (or no process has built one yet).
+    ArgumentError -> nil
   end
 
   @doc "Notes the function whose body the calling process runs (`nil` when it ends)."
