@@ -81,9 +81,8 @@ defmodule XlaNode.MLIR.Ops.Calls do
   def outfeed(target, payloads) do
     target = check_target!("outfeed", target)
 
-    [flag] =
-      custom_call("exla_beam_outfeed", [target | payloads], [{{:u, 8}, []}], has_side_effect: true)
-
+    u8 = {{:u, 8}, []}
+    [flag] = custom_call("exla_beam_outfeed", [target | payloads], [u8], has_side_effect: true)
     flag
   end
 
