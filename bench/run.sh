@@ -90,10 +90,13 @@ if [ "$part" = all ] || [ "$part" = metrics ]; then
     fi
 fi
 if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != gpu ]; then
+    # The client's modules (bench.exs moves 1 GiB as XlaNode.Transfer does), compiled.
+    (cd elixir_client && mix compile >/dev/null)
+    client_ebin=elixir_client/_build/dev/lib/xla_node_client/ebin
     # The tls part compares with the same figures over plain TCP, taken in the same run.
     plain_part="$part"
     [ "$part" = tls ] && plain_part=node
-    elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$plain_part"
+    elixir --sname "bench_client_$$" --cookie "$cookie" -pa "$client_ebin" bench/bench.exs "$name" "$plain_part"
 fi
 if [ "$part" = all ] || [ "$part" = tls ]; then
     # One CA and one node certificate for this host, in the option file every node reads.
@@ -115,7 +118,7 @@ if [ "$part" = all ] || [ "$part" = tls ]; then
     pids+=($!)
     wait_registered "${name}_tls"
     XLA_NODE_BENCH_TLS_ARGS="$tls_args" elixir --sname "bench_tls_client_$$" --cookie "$cookie" \
-        --erl "$tls_args" bench/bench.exs "${name}_tls" node
+        --erl "$tls_args" -pa "$client_ebin" bench/bench.exs "${name}_tls" node
 fi
 if [ "$part" = all ] || [ "$part" = pool ]; then
     # The pool part starts, kills and restarts nodes of its own; it runs in the client's Mix
