@@ -501,6 +501,8 @@ defmodule XlaNode.Pool do
   defp handle_response({:check, node}, response, state) do
     case {status(state, node), response} do
       {:checking, {:reply, {:ok, %{} = info}}} ->
+        # Its devices first: callers place runs on them as soon as it is up.
+        Table.put_devices(state.tab, node, Map.get(info, :devices))
         Table.set_up(state.tab, node)
         platform = Map.get(info, :platform)
         Logger.info("XlaNode.Pool #{inspect(state.label)}: #{node} is up (#{platform})")
@@ -709,6 +711,7 @@ defmodule XlaNode.Pool do
         |> Map.merge(%{
           node: node,
           executables: Map.get(executables, node, 0),
+          devices: Table.device_info(state.tab, node),
           platform: info.platform,
           last_error: info.last_error
         })
