@@ -2,9 +2,10 @@ defmodule XlaNode.Pool.Dispatch do
   @moduledoc false
   # What an `XlaNode` call given a pool does, in the calling process: choose a node, and for a
   # run or a placed tensor a device of it, from the pool's table, send the request to that node
-  # itself, keep the counters, and re-send it elsewhere when the node goes down. The pool process is asked only for what it owns:
-  # compiling a program (on a node where it has no executable yet) and freeing one. So runs from
-  # many processes go to the nodes side by side, never one at a time through the pool.
+  # itself, keep the counters, and re-send it elsewhere when the node goes down. The pool
+  # process is asked only for what it owns: compiling a program (on a node where it has no
+  # executable yet) and freeing one. So runs from many processes go to the nodes side by side,
+  # never one at a time through the pool.
   #
   # Every function returns what XlaNode's own call does: `{:ok, value}` or
   # `{:error, %XlaNode.Error{}}`; `run/3` with where the run went (see its doc). The requests go

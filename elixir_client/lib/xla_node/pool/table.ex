@@ -6,12 +6,14 @@ defmodule XlaNode.Pool.Table do
   # only: the pool process reads it back too), the nodes' devices, programs and executables;
   # callers write only counters, run times and their runs in flight.
   #
-  # Rows (an ordered set, so that the runs of one caller are one range and a node's devices
-  # come in index order):
+  # Rows (an ordered set, so that the runs of one caller are one range):
   #
   #   {:meta, pool_ref, pool_pid, label, nodes, max_attempts}
   #   {{:node, node}, status, generation, in_flight, runs, errors, failures, retries, recent_us}
-  #   {{:device, node, index}, name, in_flight, runs}   each device `:info` lists
+  #   {{:device_names, node}, names}      the devices `:info` lists, in index order
+  #   {{:devices, node}, in_flight_0, runs_0, in_flight_1, runs_1, ...}
+  #                                        their counters, in one row of integers alone so
+  #                                        that placement reads them with one small lookup
   #   {{:program, id}, effects}
   #   {{:exe, id, node}, exe_ref, generation, recent_us}
   #   {{:run, caller_pid, ref}, node, device}  a run in flight (device nil when the node chose
@@ -30,8 +32,11 @@ defmodule XlaNode.Pool.Table do
   @counters %{runs: 5, errors: 6, failures: 7, retries: 8}
   @recent 9
 
-  @device_in_flight 3
-  @device_runs 4
+  # Where a device's counters are in its node's devices row (1-based, as update_counter counts).
+  defp device_position(device, :in_flight), do: 2 + 2 * device
+  defp device_position(device, :runs), do: 3 + 2 * device
+
+  defp device_count(row), do: div(tuple_size(row) - 1, 2)
 
   # Weight of the newest sample in the recent run times.
   @recent_weight 0.25
@@ -101,7 +106,8 @@ defmodule XlaNode.Pool.Table do
 
   def delete_node(tab, node) do
     :ets.delete(tab, {:node, node})
-    :ets.match_delete(tab, {{:device, node, :_}, :_, :_, :_})
+    :ets.delete(tab, {:device_names, node})
+    :ets.delete(tab, {:devices, node})
     delete_executables(tab, node)
   end
 
@@ -113,38 +119,52 @@ defmodule XlaNode.Pool.Table do
   def put_devices(tab, node, names) do
     names = if is_list(names), do: names, else: []
 
-    for {name, index} <- Enum.with_index(names) do
-      unless :ets.insert_new(tab, {{:device, node, index}, name, 0, 0}),
-        do: :ets.update_element(tab, {:device, node, index}, {2, name})
-    end
+    before =
+      case :ets.lookup(tab, {:devices, node}) do
+        [row] -> row |> Tuple.to_list() |> tl()
+        [] -> []
+      end
 
-    count = length(names)
-
-    :ets.select_delete(tab, [
-      {{{:device, node, :"$1"}, :_, :_, :_}, [{:>=, :"$1", count}], [true]}
-    ])
-
+    counters = Enum.take(before ++ List.duplicate(0, 2 * length(names)), 2 * length(names))
+    :ets.insert(tab, {{:device_names, node}, names})
+    :ets.insert(tab, List.to_tuple([{:devices, node} | counters]))
     :ok
   end
 
   @doc "`[{index, in_flight}]` of `node`'s devices, in index order (`[]` if it lists none)."
   def device_loads(tab, node) do
-    for [index, in_flight] <- :ets.match(tab, {{:device, node, :"$1"}, :_, :"$2", :_}),
-        do: {index, max(in_flight, 0)}
+    case :ets.lookup(tab, {:devices, node}) do
+      [row] ->
+        for device <- 0..(device_count(row) - 1)//1,
+            do: {device, max(elem(row, device_position(device, :in_flight) - 1), 0)}
+
+      [] ->
+        []
+    end
   end
 
   @doc "`[%{device:, name:, in_flight:, runs:}]` of `node`'s devices, in index order."
   def device_info(tab, node) do
-    for [index, name, in_flight, runs] <-
-          :ets.match(tab, {{:device, node, :"$1"}, :"$2", :"$3", :"$4"}) do
-      %{device: index, name: name, in_flight: max(in_flight, 0), runs: runs}
+    case {:ets.lookup(tab, {:device_names, node}), :ets.lookup(tab, {:devices, node})} do
+      {[{_, names}], [row]} ->
+        for {name, i} <- Enum.with_index(names) do
+          %{
+            device: i,
+            name: name,
+            in_flight: max(elem(row, device_position(i, :in_flight) - 1), 0),
+            runs: elem(row, device_position(i, :runs) - 1)
+          }
+        end
+
+      _ ->
+        []
     end
   end
 
   @doc "The index of the device `name` of `node`, or nil."
   def device_index(tab, node, name) do
-    case :ets.match(tab, {{:device, node, :"$1"}, name, :_, :_}) do
-      [[index] | _] -> index
+    case :ets.lookup(tab, {:device_names, node}) do
+      [{_, names}] -> Enum.find_index(names, &(&1 == name))
       [] -> nil
     end
   end
@@ -196,13 +216,14 @@ defmodule XlaNode.Pool.Table do
   @doc "Counts a run answered with results on `device` of `node` (nil: a device not known)."
   def count_device_run(_tab, _node, nil), do: :ok
 
-  def count_device_run(tab, node, device), do: add_to_device(tab, node, device, @device_runs, 1)
+  def count_device_run(tab, node, device), do: add_to_device(tab, node, device, :runs, 1)
 
-  # A device the node does not have (an index the node refuses) has no row to count in.
-  defp add_to_device(tab, node, device, position, increment) do
-    if is_integer(device) and :ets.member(tab, {:device, node, device}),
-      do: :ets.update_counter(tab, {:device, node, device}, {position, increment})
+  # A device the node does not have (an index the node refuses) has no counter: its position is
+  # past the row's end, which update_counter refuses.
+  defp add_to_device(_tab, _node, nil, _counter, _increment), do: :ok
 
+  defp add_to_device(tab, node, device, counter, increment) do
+    :ets.update_counter(tab, {:devices, node}, {device_position(device, counter), increment})
     :ok
   rescue
     ArgumentError -> :ok
@@ -218,7 +239,7 @@ defmodule XlaNode.Pool.Table do
     key = {:run, self(), make_ref()}
     :ets.insert(tab, {key, node, device})
     :ets.update_counter(tab, {:node, node}, {@in_flight, 1})
-    add_to_device(tab, node, device, @device_in_flight, 1)
+    add_to_device(tab, node, device, :in_flight, 1)
     key
   end
 
@@ -227,7 +248,7 @@ defmodule XlaNode.Pool.Table do
     case :ets.take(tab, key) do
       [{^key, node, device}] ->
         :ets.update_counter(tab, {:node, node}, {@in_flight, -1})
-        add_to_device(tab, node, device, @device_in_flight, -1)
+        add_to_device(tab, node, device, :in_flight, -1)
 
       [] ->
         :ok
