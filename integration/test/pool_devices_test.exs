@@ -197,6 +197,17 @@ defmodule XlaNode.PoolDevicesTest do
              XlaNode.run(pool, exe, [on_1, on_2], device: 1)
 
     assert message =~ "argument 1 is on device cpu:2, but the run is on device cpu:1"
+
+    # A device no node has: the node's refusal, and nothing left counted in flight.
+    for result <- [
+          XlaNode.run(pool, exe, [f32([1, 1, 1]), f32([1, 1, 1])], device: @devices),
+          XlaNode.to_device(pool, f32([1, 1, 1]), device: @devices)
+        ] do
+      assert {:error, %Error{kind: :argument_error, message: message}} = result
+      assert message =~ "device #{@devices} is out of range"
+    end
+
+    assert %{in_flight: 0} = Pool.status(pool)
   end
 
   test "a node killed in the middle of runs: its runs finish on the other node's devices",

@@ -207,7 +207,8 @@ defmodule XlaNode.Pool.Dispatch do
     do:
       match?({_node, {:buffer, _, _}}, plan.pin) and not Keyword.has_key?(plan.node_opts, :device)
 
-  # The node's refusal (src/xla/run.rs), when the run's device is where another buffer is.
+  # The node's refusal (src/xla/run.rs), when the run's device is where another buffer is;
+  # integration/test/pool_devices_test.exs holds the two to the same wording.
   @misplaced ~r/^argument (\d+) is on device \S+, but the run is on device (\S+) \(where argument \d+ is\)/
 
   defp misplaced(ctx, node, args, copies, message) do
