@@ -163,7 +163,8 @@ defmodule XlaNode do
   Options:
 
     * `:device` - the device to run on, an index into `info/2`'s `devices` (default: the device
-      of the buffers among `args`, else 0). Tensors among `args` are copied there; a buffer on
+      of the buffers among `args`, else 0; through an `XlaNode.Pool`, else the device the pool
+      chooses). Tensors among `args` are copied there; a buffer on
       another device is refused with an `XlaNode.Error` of kind `:argument_error` that names
       both devices (the node never moves buffers between devices). Results kept on the device
       stay on the run's device
@@ -251,7 +252,8 @@ defmodule XlaNode do
   A tensor of any size: one larger than 32 MiB (or than the node's message limit allows) goes
   in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
   `60_000`, for each of its calls); `:device`, the device the buffer lives on, an index into
-  `info/2`'s `devices` (default 0): a run with it runs there.
+  `info/2`'s `devices` (default 0; through an `XlaNode.Pool`, the least loaded device of the
+  node it chooses): a run with it runs there.
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
