@@ -9,8 +9,7 @@ defmodule XlaNode.ShardJitTest do
   `ArgumentError` saying what is wrong; a second call compiles nothing. The suite's node has
   the CPU plugin's default four devices.
   """
-  # Counts the node's per-device runs and the compiles telemetry reports, which other modules'
-  # tests would add to.
+  # Counts the compiles telemetry reports, which other modules' tests would add to.
   use ExUnit.Case, async: false
 
   alias Nx.Mesh
@@ -22,9 +21,14 @@ defmodule XlaNode.ShardJitTest do
   defp shard_jit(fun, mesh, opts),
     do: Nx.Defn.shard_jit(fun, mesh, [compiler: XlaNode.Compiler, node: xla()] ++ opts)
 
-  defp runs_per_device do
-    {:ok, %{device_info: info}} = XlaNode.info(xla())
-    Enum.map(info, & &1.runs)
+  # A run on the tensor's device takes it; one on another device is refused, naming its device.
+  defp assert_on_device(%Nx.Tensor{data: %XlaNode.Backend{}} = t, device) do
+    opts = [compiler: XlaNode.Compiler, node: xla(), device_id: device]
+    assert Nx.shape(Nx.Defn.jit(&Nx.add(&1, 1), opts).(t)) == t.shape
+
+    assert_raise XlaNode.Error, ~r/argument 0 is on device cpu:#{device}/, fn ->
+      Nx.Defn.jit(&Nx.add(&1, 1), Keyword.put(opts, :device_id, rem(device + 1, 4))).(t)
+    end
   end
 
   # The shards of `t` along `axis`, `count` of them.
@@ -88,7 +92,6 @@ defmodule XlaNode.ShardJitTest do
         Nx.Defn.jit_apply(&MLP.forward/5, [x, w1, b1, w2, b2], compiler: Nx.Defn.Evaluator)
 
       mesh = %Mesh{name: "batch", shape: {4}}
-      before = runs_per_device()
 
       results =
         shard_jit(&MLP.forward/5, mesh, input_shardings: [%{0 => [0]}, %{}, %{}, %{}, %{}]).(
@@ -99,7 +102,6 @@ defmodule XlaNode.ShardJitTest do
       assert length(results) == 4
       assert Enum.all?(results, &(&1.shape == {2, 4}))
       assert close?(Nx.concatenate(results), expected)
-      assert Enum.zip_with(runs_per_device(), before, &(&1 - &2)) == [1, 1, 1, 1]
     end
 
     test "with the first weight split over a 2-D mesh {2, 2}" do
@@ -258,11 +260,29 @@ defmodule XlaNode.ShardJitTest do
     assert Enum.all?(results, &match?(%Nx.Tensor{data: %XlaNode.Backend{}}, &1))
     assert_equal(Nx.concatenate(Enum.map(results, &Nx.backend_copy/1)), Nx.multiply(x, 2))
 
-    # Each buffer is on its partition's device: a run that takes one goes there.
-    before = runs_per_device()
-    double = Nx.Defn.jit(&Nx.add(&1, 1), compiler: XlaNode.Compiler, node: xla())
-    Enum.each(results, double)
-    assert Enum.zip_with(runs_per_device(), before, &(&1 - &2)) == [1, 1, 1, 1]
+    for {result, device} <- Enum.with_index(results), do: assert_on_device(result, device)
+  end
+
+  test "device_id: puts the mesh on the devices from it" do
+    mesh = %Mesh{name: "pair", shape: {2}}
+
+    results =
+      shard_jit(&Nx.add(&1, 1), mesh,
+        input_shardings: [%{0 => [0]}],
+        device_id: 2,
+        keep_on_device: true
+      ).([[Nx.tensor([1, 2])], [Nx.tensor([3, 4])]])
+
+    assert Enum.map(results, &Nx.to_list/1) == [[2, 3], [4, 5]]
+    assert_on_device(Enum.at(results, 0), 2)
+    assert_on_device(Enum.at(results, 1), 3)
+
+    assert_raise ArgumentError, ~r/needs 2 devices \(from device 3\), but .* has 4/, fn ->
+      shard_jit(&Nx.add(&1, 1), mesh, input_shardings: [%{0 => [0]}], device_id: 3).([
+        [Nx.tensor([1, 2])],
+        [Nx.tensor([3, 4])]
+      ])
+    end
   end
 
   test "a second call with shards of the same shapes compiles nothing" do

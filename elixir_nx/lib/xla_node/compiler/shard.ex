@@ -165,18 +165,16 @@ defmodule XlaNode.Compiler.Shard do
     tiles = Enum.map(dimension_axes, size)
     copies = size.(unused)
 
-    cond do
-      used == [] ->
-        "{replicated}"
+    if used == [] do
+      "{replicated}"
+    else
+      # The device ids in the order of the tiles: the mesh's axes permuted to the order the
+      # dimensions use them, the unused ones last.
+      ids = Enum.join(permuted_devices(mesh_shape, used ++ unused), ",")
 
-      true ->
-        # The device ids in the order of the tiles: the mesh's axes permuted to the order the
-        # dimensions use them, the unused ones last.
-        ids = Enum.join(permuted_devices(mesh_shape, used ++ unused), ",")
-
-        if copies == 1,
-          do: "{devices=[#{Enum.join(tiles, ",")}]#{ids}}",
-          else: "{devices=[#{Enum.join(tiles ++ [copies], ",")}]#{ids} last_tile_dim_replicate}"
+      if copies == 1,
+        do: "{devices=[#{Enum.join(tiles, ",")}]#{ids}}",
+        else: "{devices=[#{Enum.join(tiles ++ [copies], ",")}]#{ids} last_tile_dim_replicate}"
     end
   end
 
