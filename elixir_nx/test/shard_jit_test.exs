@@ -399,6 +399,14 @@ defmodule XlaNode.ShardJitTest do
         [input_shardings: [%{}]],
         %Mesh{name: "empty", shape: {0}}
       )
+
+      raises(
+        ~r/takes an %Nx.Mesh\{\} as its mesh, got: \{2, 2\}/,
+        add,
+        [[Nx.iota({2})]],
+        [input_shardings: [%{}]],
+        {2, 2}
+      )
     end
 
     test "partitions whose shards disagree" do

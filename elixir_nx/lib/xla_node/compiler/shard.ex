@@ -56,6 +56,10 @@ defmodule XlaNode.Compiler.Shard do
     run_compiled(entry, node, args_list, opts, key)
   end
 
+  def run(_key, mesh, _vars, _fun, _args_list, _opts) do
+    raise ArgumentError, "shard_jit takes an %Nx.Mesh{} as its mesh, got: #{inspect(mesh)}"
+  end
+
   ## Shardings
 
   defp mesh_shape!(%Nx.Mesh{shape: shape} = mesh) do
@@ -244,7 +248,7 @@ defmodule XlaNode.Compiler.Shard do
         ]
       )
 
-    Cache.compile!(stored_key, node, text, %{outputs: outputs, used: used, devices: devices},
+    Cache.compile!(stored_key, node, text, %{outputs: outputs, used: used},
       devices: devices,
       describe: true,
       telemetry_metadata: %{compiler: XlaNode.Compiler, key: key}
