@@ -13,7 +13,9 @@
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
 #                           # params on the node) against jax.jit; eager XlaNode.Backend ops;
-#                           # an Nx.Serving on one device against one partition per device
+#                           # an Nx.Serving on one device against one partition per device;
+#                           # jit on one device and shard_jit over every device against JAX's
+#                           # jit on one and with NamedSharding over as many CPU devices
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)

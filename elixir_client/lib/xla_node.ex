@@ -409,6 +409,30 @@ defmodule XlaNode do
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))
 
   @doc """
+  What an executable takes and gives: `{:ok, %{parameters: [{type, dims}], results: [{type,
+  dims}], devices: [i, ...]}}`. For a program compiled with `devices:` (see `compile/3`) the
+  types are each device's shard, as `run/4` takes and returns them (the partitioner splits the
+  results whose sharding the module leaves open), and `devices` lists its devices in order; a
+  single-device program has `devices: []`. Not with an `XlaNode.Pool`, whose executables live
+  on several nodes.
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, exe} = XlaNode.compile(:"xla@host", mlir, devices: [0, 1])
+      {:ok, %{results: [{{:f, 32}, [2, 2]}], devices: [0, 1]}} = XlaNode.describe(:"xla@host", exe)
+  """
+  @spec describe(server(), executable(), keyword()) :: {:ok, map()} | error()
+  def describe(server, exe, opts \\ []) do
+    timeout = timeout!(opts, "XlaNode.describe/3")
+
+    if XlaNode.Pool.pool?(server) do
+      raise ArgumentError, "XlaNode.describe/3 takes a node, not an XlaNode.Pool"
+    end
+
+    call(server, {:describe, exe}, timeout)
+  end
+
+  @doc """
   Loads a native kernel on a running node: the XLA FFI handler that the shared library `path`
   exports as `symbol` then serves `stablehlo.custom_call @target(...)` in every program the node
   compiles, for every client. See `docs/kernels.md` for writing and building one.

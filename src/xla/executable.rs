@@ -70,10 +70,13 @@ impl CompileOptions {
     }
 
     /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
-    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9)},
-    /// compile_portable_executable (4)}`. Never empty: empty options abort the CPU plugin.
+    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9),
+    /// allow_spmd_sharding_propagation_to_output (12)}, compile_portable_executable (4)}`.
+    /// Never empty: empty options abort the CPU plugin.
     /// `DeviceAssignmentProto{replica_count (1), computation_count (2), computation_devices (3):
-    /// [{replica_device_ids (1)}]}`, one computation per partition.
+    /// [{replica_device_ids (1)}]}`, one computation per partition. An SPMD program's results
+    /// without a sharding annotation are split as the partitioner finds best, as `jax.jit` and
+    /// EXLA let it, rather than gathered whole onto every device.
     pub fn to_proto(&self) -> Vec<u8> {
         let mut ebo = Vec::new();
         ebo.push(0x20);
@@ -99,6 +102,8 @@ impl CompileOptions {
             ebo.push(0x4a);
             put_varint(&mut ebo, assignment.len() as u64);
             ebo.extend_from_slice(&assignment);
+            // One value applies to every result.
+            ebo.extend_from_slice(&[0x60, 0x01]);
         }
         let mut out = vec![0x1a];
         put_varint(&mut out, ebo.len() as u64);
@@ -773,5 +778,28 @@ impl Executable {
                 Argument::Device(b) => b,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `executable_build_options` message inside the serialized options.
+    fn build_options(proto: &[u8]) -> &[u8] {
+        assert_eq!(proto[0], 0x1a);
+        &proto[2..2 + proto[1] as usize]
+    }
+
+    #[test]
+    fn an_spmd_program_lets_the_partitioner_split_its_results() {
+        let options = CompileOptions::partitioned(vec![0, 1]).to_proto();
+        assert!(build_options(&options).ends_with(&[0x60, 0x01]));
+    }
+
+    #[test]
+    fn a_single_device_program_has_no_sharding_options() {
+        let options = CompileOptions::default().to_proto();
+        assert_eq!(build_options(&options), &[0x20, 0x01, 0x28, 0x01]);
     }
 }

@@ -1,7 +1,7 @@
 defmodule XlaNode.MLIR do
   @moduledoc """
   Builds StableHLO programs from Elixir: each op takes typed values and returns a typed value,
-  checking the types in Elixir, and `module/1` returns the module's text, ready for
+  checking the types in Elixir, and `module/2` returns the module's text, ready for
   `XlaNode.compile/3`.
 
   Types are the client's `{type, dims}` (see `XlaNode.Tensor`): `{{:f, 32}, [2, 3]}` is
@@ -122,8 +122,20 @@ defmodule XlaNode.MLIR do
   @doc """
   Builds a module: `fun` defines its functions with `function/4`; one must be `"main"`.
   Returns the module's text.
+
+  Options: `attributes: [{name, attribute text}]`, the module's attributes, such as what an
+  SPMD program over several devices carries (`XlaNode.compile/3`'s `devices:`):
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> text =
+      ...>   M.module(fn -> M.function("main", [{{:f, 32}, [4]}], fn [x] -> x end) end,
+      ...>     attributes: [{"mhlo.num_partitions", "2 : i32"}, {"mhlo.num_replicas", "1 : i32"}]
+      ...>   )
+      iex> text =~ "module attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {"
+      true
   """
-  def module(fun) when is_function(fun, 0) do
+  def module(fun, opts \\ []) when is_function(fun, 0) do
+    opts = options!(opts, "module/2", attributes: :attributes)
     if Process.get(@state), do: raise(ArgumentError, "XlaNode.MLIR.module/1 calls cannot nest")
     Process.put(@state, %{functions: [], scopes: []})
 
@@ -135,20 +147,44 @@ defmodule XlaNode.MLIR do
         raise ArgumentError, "the module has no \"main\" function"
       end
 
-      functions |> Enum.reverse() |> Enum.map_join("\n", fn {_, text} -> text end)
+      body = functions |> Enum.reverse() |> Enum.map_join("\n", fn {_, text} -> text end)
+
+      # Without attributes the text stays as it was, so that programs keep their cache keys.
+      case Keyword.get(opts, :attributes, []) do
+        [] -> body
+        attributes -> "module attributes {#{attributes_text(attributes)}} {\n" <> body <> "}\n"
+      end
     after
       Process.delete(@state)
     end
   end
 
+  defp attributes_text(attributes),
+    do: Enum.map_join(attributes, ", ", fn {name, value} -> "#{name} = #{value}" end)
+
   @doc """
   Defines a function of the module. `arg_types` are `{type, dims}`; `body` receives the
-  arguments as a list of values and returns a value or a list of values. Options:
-  `private: true` (default for every function but `"main"`). Returns a `%XlaNode.MLIR.Func{}`
-  for `call/2`.
+  arguments as a list of values and returns a value or a list of values. Returns a
+  `%XlaNode.MLIR.Func{}` for `call/2`. Options:
+
+    * `:private` - `true` by default for every function but `"main"`
+    * `:arg_attributes` - one entry per argument: `nil`, or the argument's attributes as
+      `[{name, attribute text}]`, such as the sharding of an SPMD program's parameter
+
+  An SPMD program's parameters, one split in two, the other whole on each device:
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> text =
+      ...>   M.module(fn ->
+      ...>     M.function("main", [{{:f, 32}, [4]}, {{:f, 32}, []}], fn [x, _] -> x end,
+      ...>       arg_attributes: [[{"mhlo.sharding", ~s("{devices=[2]0,1}")}], nil]
+      ...>     )
+      ...>   end)
+      iex> text =~ ~s|(%arg0: tensor<4xf32> {mhlo.sharding = "{devices=[2]0,1}"}, %arg1: tensor<f32>)|
+      true
   """
   def function(name, arg_types, body, opts \\ []) when is_binary(name) and is_function(body, 1) do
-    opts = options!(opts, "function/4", private: :boolean)
+    opts = options!(opts, "function/4", private: :boolean, arg_attributes: :list)
 
     state =
       Process.get(@state) ||
@@ -161,6 +197,7 @@ defmodule XlaNode.MLIR do
       do: raise(ArgumentError, "function #{inspect(name)} is defined twice")
 
     arg_types = Enum.map(arg_types, &check_type!("function #{name}", &1))
+    arg_attributes = arg_attributes!(name, opts, length(arg_types))
     id = make_ref()
 
     args =
@@ -176,7 +213,7 @@ defmodule XlaNode.MLIR do
     text =
       [
         "func.func #{if private, do: "private ", else: ""}@#{name}(",
-        Enum.map_join(args, ", ", &"#{&1.name}: #{type_text(&1.type)}"),
+        Enum.zip_with(args, arg_attributes, &argument_text/2) |> Enum.join(", "),
         ") -> (",
         Enum.map_join(result_types, ", ", &type_text/1),
         ") {\n",
@@ -189,6 +226,38 @@ defmodule XlaNode.MLIR do
     Process.put(@state, %{state | scopes: [], functions: [{name, text} | state.functions]})
     %Func{name: name, arg_types: arg_types, result_types: result_types}
   end
+
+  defp arg_attributes!(name, opts, count) do
+    case Keyword.fetch(opts, :arg_attributes) do
+      :error ->
+        List.duplicate(nil, count)
+
+      {:ok, attributes} when length(attributes) == count ->
+        Enum.each(attributes, fn entry ->
+          unless entry == nil or attributes?(entry) do
+            raise ArgumentError,
+                  "function #{name}: each of :arg_attributes must be nil or a list of " <>
+                    "{name, attribute text}, got: #{inspect(entry)}"
+          end
+        end)
+
+        attributes
+
+      {:ok, attributes} ->
+        raise ArgumentError,
+              "function #{name}: :arg_attributes has #{length(attributes)} entries for " <>
+                "#{count} arguments"
+    end
+  end
+
+  defp attributes?(entry),
+    do: is_list(entry) and Enum.all?(entry, &match?({k, v} when is_binary(k) and is_binary(v), &1))
+
+  defp argument_text(arg, attributes) when attributes in [nil, []],
+    do: "#{arg.name}: #{type_text(arg.type)}"
+
+  defp argument_text(arg, attributes),
+    do: "#{arg.name}: #{type_text(arg.type)} {#{attributes_text(attributes)}}"
 
   @doc "Calls a function of the module (`func.call`); returns its result, or a list of results."
   def call(%Func{} = f, args) do

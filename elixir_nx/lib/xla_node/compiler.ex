@@ -169,6 +169,27 @@ defmodule XlaNode.Compiler do
     end
   end
 
+  @impl true
+  def __shard_jit__(key, mesh, vars, fun, args_list, opts) do
+    opts = Options.validate!(opts)
+    node = node!(opts)
+
+    if XlaNode.Pool.pool?(node) do
+      raise ArgumentError,
+            "shard_jit with XlaNode.Compiler runs on the devices of one node: give node: a " <>
+              "node, not an XlaNode.Pool"
+    end
+
+    keep? = keep_on_device?(opts)
+
+    opts =
+      opts
+      |> Keyword.put(:inline_results, keep? and not Keyword.has_key?(opts, :keep_on_device))
+      |> Keyword.put(:keep_on_device, keep?)
+
+    XlaNode.Compiler.Shard.run(key, mesh, vars, fun, args_list, opts)
+  end
+
   # Callbacks inside the program need a platform whose programs can call the node's host
   # handlers (CPU, CUDA); elsewhere the program is cut at them.
   defp default_callbacks(%{host_callbacks: true}), do: :inside
