@@ -109,8 +109,8 @@ if parts in ["all", "node"] do
   ])
 
   # 1 GiB to the node and back as XlaNode.to_device/3 and read/3 move it (in chunks below the
-  # node's message limit, XlaNode.Transfer), against a BEAM node echoing the same bytes.
-  Code.require_file("../elixir_client/lib/xla_node/transfer.ex", __DIR__)
+  # node's message limit, XlaNode.Transfer, on the code path from bench/run.sh), against a BEAM
+  # node echoing the same bytes.
   gib = :binary.copy(:crypto.strong_rand_bytes(16 * 1024 * 1024), 64)
   tensor = {gib, {{:u, 8}, [byte_size(gib)]}}
 

@@ -2,10 +2,16 @@
 # MLP forward pass, batch 64) on one device of the node (partitions: false) and on every device
 # (partitions: true, one partition per device), with twice as many clients as the node has devices
 # sending batches for a fixed time. Prints batches per second for each, and the node's runs per
-# device.
+# device. Then, with one caller calling in a loop and the weights held on the devices as
+# arguments: the same forward pass jitted on one device, and sharded with Nx.Defn.shard_jit
+# over every device (the batch split over a 1-D mesh, the weights whole on each), against JAX's jax.jit on one device and with NamedSharding over as many
+# CPU devices (bench/nx_devices_jax.py, jaxlib's CPU client with
+# --xla_force_host_platform_device_count set to the node's device count), in the same run.
 #
 # Runs inside the elixir_nx Mix project, which needs Nx (NX_PATH) and Elixir >= 1.17:
 #   cd elixir_nx && elixir --sname NAME --cookie COOKIE -S mix run ../bench/nx_devices.exs XLA_NODE_SNAME
+# with XLA_NODE_BENCH_JAX naming the folder that holds JAX (scripts/kernels.sh installs it; the
+# JAX lines are skipped, saying so, without it).
 
 [xla_name] = System.argv()
 host = node() |> Atom.to_string() |> String.split("@") |> List.last()
@@ -31,6 +37,23 @@ defmodule Bench.NxDevices do
     {w2, key} = Nx.Random.normal(key, 0.0, 0.05, shape: {@width, @width})
     {w3, _key} = Nx.Random.normal(key, 0.0, 0.05, shape: {@width, 16})
     %{w1: w1, w2: w2, w3: w3}
+  end
+
+  # Calls per second of `call` (one batch each) from one caller over `seconds`, after a first
+  # call that compiles.
+  def sequential(call, seconds) do
+    call.()
+    deadline = System.monotonic_time(:millisecond) + seconds * 1000
+    calls(call, deadline, 0) / seconds
+  end
+
+  defp calls(call, deadline, n) do
+    if System.monotonic_time(:millisecond) >= deadline do
+      n
+    else
+      call.()
+      calls(call, deadline, n + 1)
+    end
   end
 
   # Batches per second through `name` from `clients` processes over `seconds`.
@@ -107,4 +130,70 @@ for {label, partitions} <- [
   )
 
   Supervisor.stop(pid)
+end
+
+IO.puts("\nOne caller in a loop, the weights on the devices as arguments, #{seconds} s each:")
+x = Nx.stack(for i <- 1..batch_size, do: Nx.broadcast(i / batch_size, {Bench.NxDevices.width()}))
+count = length(devices)
+
+# The weights as arguments, a copy on each device, as JAX's side holds them: a function that
+# closes over them would make them part of the compiler's cache key, looked up at each call.
+params_on =
+  for device <- 0..(count - 1),
+      do: Nx.backend_copy(params, {XlaNode.Backend, node: xla, device_id: device})
+
+jitted = Nx.Defn.jit(&Bench.NxDevices.forward/2, compiler: XlaNode.Compiler, node: xla)
+rate = Bench.NxDevices.sequential(fn -> jitted.(hd(params_on), x) end, seconds)
+IO.puts("  xla_node jit on one device: #{Float.round(rate, 1)} batches/s")
+
+mesh = %Nx.Mesh{name: "batch", shape: {count}}
+
+sharded =
+  Nx.Defn.shard_jit(&Bench.NxDevices.forward/2, mesh,
+    compiler: XlaNode.Compiler,
+    node: xla,
+    input_shardings: [%{}, %{0 => [0]}]
+  )
+
+shard_rows = div(batch_size, count)
+
+split = fn ->
+  for {p, k} <- Enum.with_index(params_on),
+      do: [p, Nx.slice_along_axis(x, k * shard_rows, shard_rows)]
+end
+
+before = runs.()
+rate = Bench.NxDevices.sequential(fn -> sharded.(split.()) end, seconds)
+per_device = Enum.zip_with(runs.(), before, &(&1 - &2))
+
+IO.puts(
+  "  xla_node shard_jit over #{count} devices (mesh {#{count}}, batch split): " <>
+    "#{Float.round(rate, 1)} batches/s; runs per device #{inspect(per_device)}"
+)
+
+case System.get_env("XLA_NODE_BENCH_JAX") do
+  nil ->
+    IO.puts("  JAX: skipped: XLA_NODE_BENCH_JAX does not name a JAX install")
+
+  jax_dir ->
+    {out, status} =
+      System.cmd(
+        "python3",
+        [Path.join(__DIR__, "nx_devices_jax.py"), "--devices", "#{count}"] ++
+          ["--batch", "#{batch_size}", "--width", "#{Bench.NxDevices.width()}"] ++
+          ["--seconds", "#{seconds}"],
+        env: [
+          {"PYTHONPATH", jax_dir},
+          {"XLA_FLAGS", "--xla_force_host_platform_device_count=#{count}"}
+        ],
+        stderr_to_stdout: true
+      )
+
+    if status == 0 do
+      for line <- String.split(out, "\n", trim: true),
+          line =~ "batches/s",
+          do: IO.puts("  JAX " <> line)
+    else
+      IO.puts("  JAX: failed (status #{status}): " <> String.slice(out, -500, 500))
+    end
 end

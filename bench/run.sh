@@ -13,7 +13,9 @@
 #   bench/run.sh kernels    # only: native-kernel calls, against JAX calling the same library
 #   bench/run.sh nx         # only: defn MLP forward/gradient/training step (XlaNode.Compiler,
 #                           # params on the node) against jax.jit; eager XlaNode.Backend ops;
-#                           # an Nx.Serving on one device against one partition per device
+#                           # an Nx.Serving on one device against one partition per device;
+#                           # jit on one device and shard_jit over every device against JAX's
+#                           # jit on one and with NamedSharding over as many CPU devices
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
@@ -90,10 +92,13 @@ if [ "$part" = all ] || [ "$part" = metrics ]; then
     fi
 fi
 if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != gpu ]; then
+    # The client's modules (bench.exs moves 1 GiB as XlaNode.Transfer does), compiled.
+    (cd elixir_client && mix compile >/dev/null)
+    client_ebin=elixir_client/_build/dev/lib/xla_node_client/ebin
     # The tls part compares with the same figures over plain TCP, taken in the same run.
     plain_part="$part"
     [ "$part" = tls ] && plain_part=node
-    elixir --sname "bench_client_$$" --cookie "$cookie" bench/bench.exs "$name" "$plain_part"
+    elixir --sname "bench_client_$$" --cookie "$cookie" -pa "$client_ebin" bench/bench.exs "$name" "$plain_part"
 fi
 if [ "$part" = all ] || [ "$part" = tls ]; then
     # One CA and one node certificate for this host, in the option file every node reads.
@@ -115,7 +120,7 @@ if [ "$part" = all ] || [ "$part" = tls ]; then
     pids+=($!)
     wait_registered "${name}_tls"
     XLA_NODE_BENCH_TLS_ARGS="$tls_args" elixir --sname "bench_tls_client_$$" --cookie "$cookie" \
-        --erl "$tls_args" bench/bench.exs "${name}_tls" node
+        --erl "$tls_args" -pa "$client_ebin" bench/bench.exs "${name}_tls" node
 fi
 if [ "$part" = all ] || [ "$part" = pool ]; then
     # The pool part starts, kills and restarts nodes of its own; it runs in the client's Mix

@@ -14,6 +14,6 @@ defmodule XlaNodeClient.MixProject do
   end
 
   def application do
-    [extra_applications: [:logger]]
+    [extra_applications: [:logger], mod: {XlaNode.Application, []}]
   end
 end

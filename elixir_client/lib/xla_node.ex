@@ -163,7 +163,8 @@ defmodule XlaNode do
   Options:
 
     * `:device` - the device to run on, an index into `info/2`'s `devices` (default: the device
-      of the buffers among `args`, else 0). Tensors among `args` are copied there; a buffer on
+      of the buffers among `args`, else 0; through an `XlaNode.Pool`, else the device the pool
+      chooses). Tensors among `args` are copied there; a buffer on
       another device is refused with an `XlaNode.Error` of kind `:argument_error` that names
       both devices (the node never moves buffers between devices). Results kept on the device
       stay on the run's device
@@ -251,7 +252,8 @@ defmodule XlaNode do
   A tensor of any size: one larger than 32 MiB (or than the node's message limit allows) goes
   in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
   `60_000`, for each of its calls); `:device`, the device the buffer lives on, an index into
-  `info/2`'s `devices` (default 0): a run with it runs there.
+  `info/2`'s `devices` (default 0; through an `XlaNode.Pool`, the least loaded device of the
+  node it chooses): a run with it runs there.
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
@@ -321,13 +323,14 @@ defmodule XlaNode do
   Frees many executables and buffers, on whichever nodes hold them, with one message to each
   node and no answer to wait for (a `GenServer.cast` of `{:free, refs}`). The node frees them in
   order with the requests around them; references it has not got (freed already, or never its
-  own) are skipped. Always `:ok`.
+  own) are skipped. The frees this process noted with `free_later/1` go in the same casts.
+  Always `:ok`.
 
       :ok = XlaNode.free_all([buf, exe])
   """
   @spec free_all([reference()]) :: :ok
   def free_all(refs) when is_list(refs) do
-    refs
+    (refs ++ XlaNode.Frees.take())
     |> Enum.group_by(fn
       ref when is_reference(ref) ->
         node(ref)
@@ -338,6 +341,30 @@ defmodule XlaNode do
                 "(free a pool's executable with free/3), got: #{inspect(other)}"
     end)
     |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:free, refs}) end)
+  end
+
+  @doc """
+  Frees an executable or a buffer with no message of its own: the free goes to its node with
+  this process's next request (any function of this module, in one `{:free, refs}` cast with
+  every other free noted meanwhile, sent just before the request), or about a millisecond
+  later if it sends none by then, or when this process exits. For code that frees tensor by tensor, as
+  `Nx.backend_deallocate/1` does, where `free_all/1` cannot gather them: freeing a step's old
+  params this way costs the step one message, however many there are.
+
+  Returns `:ok`, or `:already_noted` when this process noted `ref` already (among the last
+  1024 it noted). As with `free_all/1`, a reference the node has not got is skipped. Another
+  process may see the buffer on the node until the free leaves (`XlaNode.Frees`).
+
+      :ok = XlaNode.free_later(buf)
+      :already_noted = XlaNode.free_later(buf)
+  """
+  @spec free_later(executable() | buffer()) :: :ok | :already_noted
+  def free_later(ref) when is_reference(ref), do: XlaNode.Frees.note(ref)
+
+  def free_later(other) do
+    raise ArgumentError,
+          "XlaNode.free_later/1 takes the reference of a node's executable or buffer, got: " <>
+            inspect(other)
   end
 
   @doc """
@@ -380,6 +407,30 @@ defmodule XlaNode do
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))
+
+  @doc """
+  What an executable takes and gives: `{:ok, %{parameters: [{type, dims}], results: [{type,
+  dims}], devices: [i, ...]}}`. For a program compiled with `devices:` (see `compile/3`) the
+  types are each device's shard, as `run/4` takes and returns them (the partitioner splits the
+  results whose sharding the module leaves open), and `devices` lists its devices in order; a
+  single-device program has `devices: []`. Not with an `XlaNode.Pool`, whose executables live
+  on several nodes.
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, exe} = XlaNode.compile(:"xla@host", mlir, devices: [0, 1])
+      {:ok, %{results: [{{:f, 32}, [2, 2]}], devices: [0, 1]}} = XlaNode.describe(:"xla@host", exe)
+  """
+  @spec describe(server(), executable(), keyword()) :: {:ok, map()} | error()
+  def describe(server, exe, opts \\ []) do
+    timeout = timeout!(opts, "XlaNode.describe/3")
+
+    if XlaNode.Pool.pool?(server) do
+      raise ArgumentError, "XlaNode.describe/3 takes a node, not an XlaNode.Pool"
+    end
+
+    call(server, {:describe, exe}, timeout)
+  end
 
   @doc """
   Loads a native kernel on a running node: the XLA FFI handler that the shared library `path`
@@ -480,7 +531,11 @@ defmodule XlaNode do
   # Makes the call and normalises the reply to {:ok, value} | {:error, %Error{}}. Requests that
   # reply with a bare value (:ping, :free) come back as {:ok, value}. A pool serves the request
   # itself (see XlaNode.Pool).
+  # Each request first sends the frees this process noted (`free_later/1`), so that the node
+  # frees them in order with it.
   defp call(server, request, timeout) do
+    XlaNode.Frees.send_noted()
+
     case XlaNode.Pool.route(server, request) do
       :node -> call_node(server, request, timeout)
       {:pool, pool} -> XlaNode.Pool.request(pool, request, timeout)
@@ -491,6 +546,8 @@ defmodule XlaNode do
   # A run, with where it went for its telemetry: `attempts` (how many nodes it was sent to) and,
   # through a pool, the `node` of its last attempt.
   defp call_run(server, request, timeout) do
+    XlaNode.Frees.send_noted()
+
     case XlaNode.Pool.route(server, request) do
       :node -> {call_node(server, request, timeout), %{attempts: 1}}
       {:pool, pool} -> XlaNode.Pool.run(pool, request, timeout)

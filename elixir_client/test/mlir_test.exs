@@ -84,6 +84,53 @@ defmodule XlaNode.MLIRTest do
     assert text =~ "broadcast_dimensions = array<i64>}"
   end
 
+  describe "attributes of the module and of the arguments (an SPMD program's)" do
+    test "the module's attributes wrap its functions; without them the text is unchanged" do
+      body = fn -> M.function("main", [{@f32, [4]}], fn [x] -> M.add(x, x) end) end
+      plain = M.module(body)
+      refute plain =~ "module"
+
+      text = M.module(body, attributes: [{"mhlo.num_partitions", "4 : i32"}])
+      assert text == "module attributes {mhlo.num_partitions = 4 : i32} {\n" <> plain <> "}\n"
+      assert M.module(body, attributes: []) == plain
+    end
+
+    test "each argument takes its attributes, or none" do
+      sharded = [{"mhlo.sharding", ~s("{devices=[2,2]0,1,2,3}")}]
+
+      text =
+        M.module(fn ->
+          M.function("main", [{@f32, [4, 4]}, {@f32, [4]}, {@f32, []}], fn [x, _, _] -> x end,
+            arg_attributes: [sharded, nil, []]
+          )
+        end)
+
+      assert text =~
+               ~s|@main(%arg0: tensor<4x4xf32> {mhlo.sharding = "{devices=[2,2]0,1,2,3}"}, | <>
+                 ~s|%arg1: tensor<4xf32>, %arg2: tensor<f32>)|
+    end
+
+    test "a wrong count or entry is an ArgumentError naming it" do
+      assert_raise ArgumentError, ~r/:arg_attributes has 1 entries for 2 arguments/, fn ->
+        M.module(fn ->
+          M.function("main", [{@f32, []}, {@f32, []}], fn [x, _] -> x end, arg_attributes: [nil])
+        end)
+      end
+
+      assert_raise ArgumentError, ~r/each of :arg_attributes must be nil or a list/, fn ->
+        M.module(fn ->
+          M.function("main", [{@f32, []}], fn [x] -> x end, arg_attributes: ["sharding"])
+        end)
+      end
+
+      assert_raise ArgumentError, ~r/option :attributes must be/, fn ->
+        M.module(fn -> M.function("main", [], fn [] -> M.constant(1.0, {@f32, []}) end) end,
+          attributes: :spmd
+        )
+      end
+    end
+  end
+
   test "values cannot cross functions" do
     assert_raise ArgumentError, ~r/belongs to another function/, fn ->
       M.module(fn ->

@@ -35,6 +35,9 @@ defmodule XlaNodeTest do
           {:compile, _, _} ->
             {:ok, make_ref()}
 
+          {:describe, _exe} ->
+            {:ok, %{parameters: [{{:f, 32}, [2]}], results: [{{:f, 32}, [1]}], devices: [0, 1]}}
+
           {:run, _exe, [{_, {{:f, 32}, _}} = x]} ->
             {:ok, [x]}
 
@@ -81,6 +84,13 @@ defmodule XlaNodeTest do
     pid = self()
     assert XlaNode.server(pid) == pid
     assert XlaNode.server({:global, :x}) == {:global, :x}
+  end
+
+  test "describe asks the node for an executable's types", %{server: s} do
+    exe = make_ref()
+
+    assert {:ok, %{results: [{{:f, 32}, [1]}], devices: [0, 1]}} = XlaNode.describe(s, exe)
+    assert_received {:request, {:describe, ^exe}}
   end
 
   test "ping and info", %{server: s} do

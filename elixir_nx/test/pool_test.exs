@@ -104,13 +104,15 @@ defmodule XlaNode.NxPoolTest do
     assert Nx.to_flat_list(by_pid.(Nx.tensor([3.0]))) == [4.0]
   end
 
-  test "__partitions_options__ gives one partition per node of a pool (per device of a node)", %{
-    pool: pool,
-    nodes: [a, _]
-  } do
-    assert length(XlaNode.Compiler.__partitions_options__(node: pool)) == 2
-    # One node alone: one partition per device of it.
+  test "__partitions_options__ gives one partition per device of every node of a pool (or of a node)",
+       %{pool: pool, nodes: [a, b]} do
     {:ok, %{devices: devices}} = XlaNode.info(a)
+    {:ok, %{devices: b_devices}} = XlaNode.info(b)
+
+    assert length(XlaNode.Compiler.__partitions_options__(node: pool)) ==
+             length(devices) + length(b_devices)
+
+    # One node alone: one partition per device of it.
 
     assert XlaNode.Compiler.__partitions_options__(node: a) ==
              for(d <- 0..(length(devices) - 1), do: [device_id: d, node: a])

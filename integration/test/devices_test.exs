@@ -37,6 +37,19 @@ defmodule XlaNode.DevicesTest do
   }
   """
 
+  # The same with no sharding on its results: the partitioner keeps the product's rows split
+  # and gives the sum whole.
+  @spmd_layer_open_results """
+  module @spmd_open attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+    func.func public @main(%x: tensor<4x3xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}, %w: tensor<3x2xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<4x2xf32>, tensor<f32>) {
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<4x2xf32>
+      %zero = stablehlo.constant dense<0.0> : tensor<f32>
+      %1 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x3xf32>, tensor<f32>) -> tensor<f32>
+      return %0, %1 : tensor<4x2xf32>, tensor<f32>
+    }
+  }
+  """
+
   setup_all do
     node = Harness.start_node(args: ["--pjrt-option", "cpu_device_count=#{@devices}"])
     {:ok, exe} = call(node, {:compile, @add})
@@ -54,9 +67,11 @@ defmodule XlaNode.DevicesTest do
 
   defp runs_since(node, before), do: Enum.zip_with(runs_per_device(node), before, &(&1 - &2))
 
+  # Runs started on each device: `running` as well as `runs`, since the node moves a run from
+  # `running` to `runs` only after it has answered it.
   defp runs_per_device(node) do
     {:ok, %{device_info: devices}} = call(node, :info)
-    Enum.map(devices, & &1.runs)
+    Enum.map(devices, &(&1.runs + &1.running))
   end
 
   test "the node shows its devices", %{node: node} do
@@ -247,6 +262,40 @@ defmodule XlaNode.DevicesTest do
       {:ok, add} = call(node, {:compile, @add})
       assert {:error, {:argument_error, message}} = call(node, {:run, add, [[shard], [shard]]})
       assert message =~ "runs on one device"
+    end
+
+    test "results the module leaves unannotated are split as the partitioner chooses, and " <>
+           "{:describe, exe} gives each device's shard types",
+         %{node: node} do
+      assert {:ok, exe} = call(node, {:compile, @spmd_layer_open_results, [devices: [0, 1]]})
+
+      assert {:ok,
+              %{
+                parameters: [{{:f, 32}, [2, 3]}, {{:f, 32}, [3, 2]}],
+                results: [{{:f, 32}, [2, 2]}, {{:f, 32}, []}],
+                devices: [0, 1]
+              }} = call(node, {:describe, exe})
+
+      weight = Tensor.from_list([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {:f, 32}, [3, 2])
+
+      shard = fn first ->
+        Tensor.from_list(Enum.map(first..(first + 5), &(&1 / 1)), {:f, 32}, [2, 3])
+      end
+
+      assert {:ok, [[y0, sum], [y1, sum]]} =
+               call(node, {:run, exe, [[shard.(0), weight], [shard.(6), weight]]})
+
+      assert Tensor.to_list(y0) == [[2.0, 3.0], [8.0, 9.0]]
+      assert Tensor.to_list(y1) == [[14.0, 15.0], [20.0, 21.0]]
+      assert Tensor.to_list(sum) == 66.0
+
+      {:ok, add} = call(node, {:compile, @add})
+
+      assert {:ok, %{parameters: [_, _], results: [{{:f, 32}, [3]}], devices: []}} =
+               XlaNode.describe(node.name, add)
+
+      assert {:error, {:argument_error, message}} = call(node, {:describe, make_ref()})
+      assert message =~ "unknown or freed reference"
     end
   end
 end

@@ -146,6 +146,32 @@ defmodule XlaNode.KernelsTest do
       assert :pong = XlaNode.ping(node.name)
     end
 
+    test "a kernel's error in a run answered at launch reaches the caller at the next use of its results", %{node: node} do
+      # A matrix product of 1024x1024 before the kernel: XLA's CPU client runs that on its own
+      # threads, after the launch.
+      n = 1024
+      t = {{:f, 32}, [n, n]}
+
+      failing =
+        M.module(fn ->
+          M.function("main", [t], fn [a] ->
+            p = M.dot_general(a, a, contracting: {[1], [0]})
+            M.custom_call("xn_fail", [p], [t], backend_config: [{"message", ~s("late news")}])
+          end)
+        end)
+
+      exe = XlaNode.compile!(node.name, failing)
+      x = f32(List.duplicate(1.0, n * n)) |> then(fn {data, _} -> {data, t} end)
+
+      {:ok, [buffer]} = XlaNode.run(node.name, exe, [x], keep_on_device: true)
+      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.read(node.name, buffer)
+      assert message =~ "xn_fail: late news"
+      # A run taking it meets the same error; the node keeps serving.
+      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.run(node.name, exe, [buffer])
+      assert message =~ "xn_fail: late news"
+      assert :pong = XlaNode.ping(node.name)
+    end
+
     test "a program naming a target that is not loaded: a compile error listing the loaded kernels", %{node: node} do
       text = kernel_call("xn_nowhere", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}])
 

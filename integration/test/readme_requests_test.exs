@@ -205,6 +205,13 @@ defmodule XlaNode.ReadmeRequestsTest do
     assert hits_after == hits + 1
   end
 
+  test "{:describe, exe} gives what a run takes and gives", %{node: node} do
+    {:ok, exe} = call(node, {:compile, @add_one})
+
+    assert {:ok, %{parameters: [@f32x4], results: [@f32x4], devices: []}} =
+             call(node, {:describe, exe})
+  end
+
   test "{:run, exe, args}: one result per output leaf, in order", %{node: node} do
     exe =
       compile!(node, """

@@ -82,7 +82,8 @@ defmodule XlaNode.TrainingStepTest do
         {loss, new_params}
       end)
 
-    {in2, out2} = traffic(node)
+    # Through the client, which sends the frees a step noted with `XlaNode.free_later/1` first.
+    {:ok, %{traffic: %{received_messages: in2, sent_messages: out2}}} = XlaNode.info(node.name)
     assert info(node).buffers == n, "the old params were freed, the new ones kept"
     XlaNode.free_all(params)
     {losses, {in2 - in1 - overhead_in, out2 - out1 - overhead_out}}
@@ -120,29 +121,96 @@ defmodule XlaNode.TrainingStepTest do
       call(node, {:free, exe})
     end
 
-    test "a step of #{n} params through the client (XlaNode.run/4, XlaNode.free_all/1): at most 4 in and 1 out",
-         %{node: node} do
-      n = unquote(n)
-      exe = XlaNode.compile!(node.name, step_program(n))
-      {x, y} = {f32([1.0, 2.0, -1.0, 0.5]), f32([0.5, 1.0, -0.5, 0.25])}
+    # The old params dropped with one cast, or tensor by tensor with frees that leave in one cast
+    # with the next step's run.
+    for {how, drop} <- [
+          {"XlaNode.free_all/1", quote(do: &(:ok = XlaNode.free_all(&1)))},
+          {"XlaNode.free_later/1, one by one",
+           quote(do: &Enum.each(&1, fn ref -> :ok = XlaNode.free_later(ref) end))}
+        ] do
+      test "a step of #{n} params through the client (XlaNode.run/4, #{how}): at most 4 in and 1 out",
+           %{node: node} do
+        n = unquote(n)
+        drop = unquote(drop)
+        exe = XlaNode.compile!(node.name, step_program(n))
+        {x, y} = {f32([1.0, 2.0, -1.0, 0.5]), f32([0.5, 1.0, -0.5, 0.25])}
 
-      {losses, {received, sent}} =
-        count_steps(node, n, fn params ->
-          results =
-            XlaNode.run!(node.name, exe, params ++ [x, y],
-              keep_on_device: Enum.to_list(0..(n - 1))
-            )
+        {losses, {received, sent}} =
+          count_steps(node, n, fn params ->
+            results =
+              XlaNode.run!(node.name, exe, params ++ [x, y],
+                keep_on_device: Enum.to_list(0..(n - 1))
+              )
 
-          {new_params, [loss]} = Enum.split(results, n)
-          :ok = XlaNode.free_all(params)
-          {new_params, loss_value(loss)}
-        end)
+            {new_params, [loss]} = Enum.split(results, n)
+            drop.(params)
+            {new_params, loss_value(loss)}
+          end)
 
-      assert received <= 4 * @steps and sent <= @steps,
-             "#{received} messages in and #{sent} out over #{@steps} steps"
+        assert received <= 4 * @steps and sent <= @steps,
+               "#{received} messages in and #{sent} out over #{@steps} steps"
 
-      assert Enum.sort(losses, :desc) == losses and List.last(losses) < hd(losses)
-      XlaNode.free!(node.name, exe)
+        assert Enum.sort(losses, :desc) == losses and List.last(losses) < hd(losses)
+        XlaNode.free!(node.name, exe)
+      end
+    end
+  end
+
+  describe "XlaNode.free_later/1" do
+    setup %{node: node} do
+      %{buffers: before} = info(node)
+      bufs = for i <- 1..3, do: XlaNode.to_device!(node.name, f32([1.0 * i]))
+      on_exit(fn -> XlaNode.free_all(bufs) end)
+      %{bufs: bufs, before: before}
+    end
+
+    test "a free leaves with the process's next request, in order with it", %{
+      node: node,
+      bufs: [a, b, c],
+      before: before
+    } do
+      assert XlaNode.free_later(a) == :ok
+      assert XlaNode.free_later(a) == :already_noted
+      assert XlaNode.free_later(b) == :ok
+      # The read of a noted buffer goes after its free: it is gone.
+      assert {:error, %XlaNode.Error{}} = XlaNode.read(node.name, a)
+      assert info(node).buffers == before + 1
+      assert {:ok, {_, _}} = XlaNode.read(node.name, c)
+    end
+
+    test "the notes of an idle process leave by themselves", %{node: node, bufs: [a, b, _]} do
+      before = info(node).buffers
+      :ok = XlaNode.free_later(a)
+      :ok = XlaNode.free_later(b)
+      # Raw calls only: nothing of this process sends the notes.
+      Harness.eventually(fn -> info(node).buffers == before - 2 end)
+    end
+
+    test "the notes of a process that exits leave with it", %{node: node, bufs: [a, b, c]} do
+      before = info(node).buffers
+      # Buffers this test process made, noted by another that then exits at once.
+      Task.async(fn -> Enum.each([a, b, c], &XlaNode.free_later/1) end) |> Task.await()
+      Harness.eventually(fn -> info(node).buffers == before - 3 end)
+    end
+
+    test "many notes leave without waiting for a request", %{node: node, before: before} do
+      bufs = for i <- 1..300, do: XlaNode.to_device!(node.name, f32([1.0 * i]))
+      {in0, _} = traffic(node)
+      {in1, _} = traffic(node)
+      Enum.each(bufs, &(:ok = XlaNode.free_later(&1)))
+      {in2, _} = traffic(node)
+      assert info(node).buffers < before + 3 + 300, "some left without a request"
+      # One cast when the notes reached their bound (256), not one per free (and one more should
+      # the rest idle long enough to leave by themselves).
+      assert in2 - in1 - (in1 - in0) <= 2
+      XlaNode.free_all([])
+      assert info(node).buffers == before + 3
+    end
+
+    test "a free of something that is not a reference is an ArgumentError" do
+      assert_raise ArgumentError, ~r/XlaNode.free_later\/1 takes the reference/, fn ->
+        XlaNode.free_later(:"xla@host")
+      end
     end
   end
 

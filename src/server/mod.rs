@@ -9,7 +9,7 @@
 //! that it holds).
 //!
 //! Files: `state` (what the server holds), `request` (the requests as a type, and which file
-//! answers each), one file per request family (`compile`, `run`, `buffers`, `load_kernel`,
+//! answers each), one file per request family (`compile`, `describe`, `run`, `buffers`, `load_kernel`,
 //! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
 //! (reading requests, error replies), `resources` (executables and buffers and their owners),
 //! `device_budget` (`--max-device-bytes`), `watchdog`, `kernels` (the operator's kernel
@@ -17,6 +17,7 @@
 
 mod buffers;
 mod compile;
+mod describe;
 mod device_budget;
 mod echo;
 mod error;

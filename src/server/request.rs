@@ -7,6 +7,7 @@
 //! | `:ping`, `{:echo, term}`, `:spawn_echo` | here (`echo.rs`: the process `:spawn_echo` starts) |
 //! | `:info` | `info.rs` |
 //! | `{:compile, mlir}`, `{:compile, mlir, opts}` | `compile.rs` |
+//! | `{:describe, exe}` | `describe.rs` |
 //! | `{:run, exe, args}`, `{:run, exe, args, opts}` | `run.rs` |
 //! | `{:to_device, tensor}`, `{:to_device, tensor, opts}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
 //! | `{:upload, {type, dims}}`, `{:upload, {type, dims}, opts}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
@@ -19,6 +20,7 @@
 
 use super::buffers::{FreeRequest, ReadRequest, ToDeviceRequest};
 use super::compile::CompileRequest;
+use super::describe::DescribeRequest;
 use super::echo;
 use super::error::RequestError;
 use super::info;
@@ -45,6 +47,8 @@ pub enum Request {
     Info,
     /// `{:compile, mlir}` / `{:compile, mlir, opts}`.
     Compile(CompileRequest),
+    /// `{:describe, exe}`.
+    Describe(DescribeRequest),
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     Run(RunRequest),
     /// `{:to_device, tensor}` / `{:to_device, tensor, [device: n]}`.
@@ -85,6 +89,7 @@ impl Request {
         let parse: Option<Parse> = match (tag, elements.len()) {
             ("echo", 2) => Some(|e| Ok(Request::Echo(e.required()))),
             ("compile", 2 | 3) => Some(|e| CompileRequest::parse(e).map(Request::Compile)),
+            ("describe", 2) => Some(|e| DescribeRequest::parse(e).map(Request::Describe)),
             ("run", 3 | 4) => Some(|e| RunRequest::parse(e).map(Request::Run)),
             ("to_device", 2 | 3) => Some(|e| ToDeviceRequest::parse(e).map(Request::ToDevice)),
             ("read", 2 | 3) => Some(|e| ReadRequest::parse(e).map(Request::Read)),
@@ -128,6 +133,7 @@ impl Request {
             Request::SpawnEcho => ok(echo::spawn(state.node())),
             Request::Info => ok(info::info(state)),
             Request::Compile(compile) => return compile.apply(state, from),
+            Request::Describe(describe) => return state.reply_result(&from, describe.apply(state)),
             Request::Run(run) => return run.apply(state, from),
             Request::ToDevice(to_device) => return to_device.apply(state, from),
             Request::Read(read) => return read.apply(state, from),

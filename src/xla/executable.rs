@@ -70,10 +70,13 @@ impl CompileOptions {
     }
 
     /// `CompileOptionsProto{executable_build_options (3): {num_replicas (4),
-    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9)},
-    /// compile_portable_executable (4)}`. Never empty: empty options abort the CPU plugin.
+    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9),
+    /// allow_spmd_sharding_propagation_to_output (12)}, compile_portable_executable (4)}`.
+    /// Never empty: empty options abort the CPU plugin.
     /// `DeviceAssignmentProto{replica_count (1), computation_count (2), computation_devices (3):
-    /// [{replica_device_ids (1)}]}`, one computation per partition.
+    /// [{replica_device_ids (1)}]}`, one computation per partition. An SPMD program's results
+    /// without a sharding annotation are split as the partitioner finds best, as `jax.jit` and
+    /// EXLA let it, rather than gathered whole onto every device.
     pub fn to_proto(&self) -> Vec<u8> {
         let mut ebo = Vec::new();
         ebo.push(0x20);
@@ -99,6 +102,8 @@ impl CompileOptions {
             ebo.push(0x4a);
             put_varint(&mut ebo, assignment.len() as u64);
             ebo.extend_from_slice(&assignment);
+            // One value applies to every result.
+            ebo.extend_from_slice(&[0x60, 0x01]);
         }
         let mut out = vec![0x1a];
         put_varint(&mut out, ebo.len() as u64);
@@ -146,6 +151,16 @@ pub struct Executable {
 
 /// One reused input buffer per parameter (`None` until a host argument fills it).
 type StagingSet = Vec<Option<Buffer>>;
+
+/// What one `Execute` call gave back (see [`Executable::launch`]).
+struct Launched {
+    /// Each argument list's outputs in turn.
+    outputs: Vec<Buffer>,
+    /// The first output XLA left out, if any.
+    missing: Option<XlaError>,
+    /// One completion event per argument list, to be awaited and destroyed.
+    complete: Vec<*mut PJRT_Event>,
+}
 
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
@@ -475,68 +490,35 @@ impl Executable {
         launched: &mut dyn FnMut(bool),
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
-        let execute_device = self.client.addressable_device(device)?;
         let api = self.client.inner().api();
-        let arg_ptrs: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
-        let arg_lists: [*const *mut PJRT_Buffer; 1] = [arg_ptrs.as_ptr()];
-        let mut out_ptrs: Vec<*mut PJRT_Buffer> =
-            vec![std::ptr::null_mut(); self.outputs.len().max(1)];
-        let out_lists: [*mut *mut PJRT_Buffer; 1] = [out_ptrs.as_mut_ptr()];
-        let mut complete: [*mut PJRT_Event; 1] = [std::ptr::null_mut()];
-        let mut opts = PJRT_ExecuteOptions::new();
-        // Our buffers stay owned by their `Buffer`s: never let XLA donate them.
-        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
-        opts.num_non_donatable_input_indices = self.non_donatable.len();
-        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
-        e.executable = self.raw;
-        e.options = &mut opts;
-        e.argument_lists = arg_lists.as_ptr();
-        e.num_devices = 1;
-        e.num_args = arg_ptrs.len();
-        e.output_lists = out_lists.as_ptr();
-        e.device_complete_events = complete.as_mut_ptr();
-        // Executables are compiled portable (see `CompileOptions`): each run names its device.
-        e.execute_device = execute_device;
-        // SAFETY: matching args; argument buffers were checked against the
-        // signature (count, dtype, dims, client, device: see `Run::new`) and are
-        // borrowed for the whole call; the output array has room for every output; all arrays
-        // outlive the call.
-        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
-        launched(executed.is_err() || api.event_is_ready(complete[0]));
-        executed.map_err(XlaError::Runtime)?;
-        // Take ownership of the outputs first so they are freed on any error.
-        let mut outputs = Vec::with_capacity(self.outputs.len());
-        let mut first_err = None;
         let direct = self.outputs_direct.get();
-        for (i, (&p, spec)) in out_ptrs.iter().zip(&self.outputs).enumerate() {
-            if p.is_null() {
-                first_err.get_or_insert_with(|| {
-                    XlaError::Runtime("execution produced no output buffer".into())
-                });
-                continue;
-            }
-            let direct = direct.map(|d| d[i]);
-            outputs.push(Buffer::from_raw_with_spec(
-                &self.client,
-                p,
-                spec.clone(),
-                device,
-                direct,
-            ));
-        }
+        let Launched {
+            outputs,
+            missing,
+            complete,
+        } = self.launch(
+            &[args],
+            &[device],
+            true,
+            direct.map(Vec::as_slice),
+            launched,
+        )?;
+        let [complete] = complete[..] else {
+            unreachable!("one completion event per argument list")
+        };
         if let Some(hand_over) = hand_over {
-            if let Some(err) = first_err {
+            if let Some(err) = missing {
                 // Outputs dropped here go once the run is done with them (PJRT defers it).
                 drop(outputs);
-                api.await_and_destroy(complete[0]).ok();
+                api.await_and_destroy(complete).ok();
                 return Err(err);
             }
             hand_over(outputs);
-            api.await_and_destroy(complete[0])
-                .map_err(XlaError::Runtime)?;
+            api.await_and_destroy(complete).map_err(XlaError::Runtime)?;
             return Ok(Vec::new());
         }
-        if let Err(msg) = api.await_and_destroy(complete[0]) {
+        let mut first_err = missing;
+        if let Err(msg) = api.await_and_destroy(complete) {
             first_err.get_or_insert(XlaError::Runtime(msg));
         }
         if let Some(err) = first_err {
@@ -556,6 +538,83 @@ impl Executable {
                 .get_or_init(|| outputs.iter().map(Buffer::is_direct).collect());
         }
         Ok(outputs)
+    }
+
+    /// The one `PJRT_LoadedExecutable_Execute` call: one argument list per device of `devices`
+    /// (a portable program's one device, named as `execute_device`, or an SPMD program's
+    /// partitions in order), each borrowed for the call. Returns each list's outputs in turn,
+    /// taken into [`Buffer`]s so that they are freed on any error, the first output XLA left
+    /// out, and one completion event per list, not yet awaited. `launched` as in
+    /// [`Executable::execute`]; `direct`: [`Executable::outputs_direct`], once known.
+    fn launch(
+        &self,
+        lists: &[&[&Buffer]],
+        devices: &[usize],
+        portable: bool,
+        direct: Option<&[bool]>,
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Launched, XlaError> {
+        let api = self.client.inner().api();
+        let n = lists.len();
+        let arg_ptrs: Vec<Vec<*mut PJRT_Buffer>> = lists
+            .iter()
+            .map(|list| list.iter().map(|b| b.raw()).collect())
+            .collect();
+        let arg_lists: Vec<*const *mut PJRT_Buffer> =
+            arg_ptrs.iter().map(|list| list.as_ptr()).collect();
+        let mut out_ptrs: Vec<Vec<*mut PJRT_Buffer>> =
+            vec![vec![std::ptr::null_mut(); self.outputs.len().max(1)]; n];
+        let out_lists: Vec<*mut *mut PJRT_Buffer> =
+            out_ptrs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut complete: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); n];
+        let mut opts = PJRT_ExecuteOptions::new();
+        // Our buffers stay owned by their `Buffer`s: never let XLA donate them.
+        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
+        opts.num_non_donatable_input_indices = self.non_donatable.len();
+        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
+        e.executable = self.raw;
+        e.options = &mut opts;
+        e.argument_lists = arg_lists.as_ptr();
+        e.num_devices = n;
+        e.num_args = lists.first().map_or(0, |list| list.len());
+        e.output_lists = out_lists.as_ptr();
+        e.device_complete_events = complete.as_mut_ptr();
+        if portable {
+            // Executables are compiled portable (see `CompileOptions`): each run names its
+            // device.
+            e.execute_device = self.client.addressable_device(devices[0])?;
+        }
+        // SAFETY: matching args; one argument list per device, each checked against the
+        // signature and its device (count, dtype, dims, client, device: `Run::new`,
+        // `Run::partitioned`) and borrowed for the whole call; each output list has room for
+        // every output; all arrays outlive the call.
+        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
+        launched(executed.is_err() || complete.iter().all(|&c| api.event_is_ready(c)));
+        executed.map_err(XlaError::Runtime)?;
+        let mut outputs = Vec::with_capacity(n * self.outputs.len());
+        let mut missing = None;
+        for (list, &device) in out_ptrs.iter().zip(devices) {
+            for (i, (&p, spec)) in list.iter().zip(&self.outputs).enumerate() {
+                if p.is_null() {
+                    missing.get_or_insert_with(|| {
+                        XlaError::Runtime("execution produced no output buffer".into())
+                    });
+                    continue;
+                }
+                outputs.push(Buffer::from_raw_with_spec(
+                    &self.client,
+                    p,
+                    spec.clone(),
+                    device,
+                    direct.map(|d| d[i]),
+                ));
+            }
+        }
+        Ok(Launched {
+            outputs,
+            missing,
+            complete,
+        })
     }
 
     /// Runs an SPMD program with one argument list per partition, each on its partition's
@@ -586,55 +645,14 @@ impl Executable {
             .zip(&uploaded)
             .map(|(args, host)| Self::argument_buffers(args, host))
             .collect();
+        let buffers: Vec<&[&Buffer]> = buffers.iter().map(Vec::as_slice).collect();
         let api = self.client.inner().api();
-        let n = self.partition_devices.len();
-        let arg_ptrs: Vec<Vec<*mut PJRT_Buffer>> = buffers
-            .iter()
-            .map(|list| list.iter().map(|b| b.raw()).collect())
-            .collect();
-        let arg_lists: Vec<*const *mut PJRT_Buffer> =
-            arg_ptrs.iter().map(|list| list.as_ptr()).collect();
-        let mut out_ptrs: Vec<Vec<*mut PJRT_Buffer>> =
-            vec![vec![std::ptr::null_mut(); self.outputs.len().max(1)]; n];
-        let out_lists: Vec<*mut *mut PJRT_Buffer> =
-            out_ptrs.iter_mut().map(|list| list.as_mut_ptr()).collect();
-        let mut complete: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); n];
-        let mut opts = PJRT_ExecuteOptions::new();
-        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
-        opts.num_non_donatable_input_indices = self.non_donatable.len();
-        let mut e = PJRT_LoadedExecutable_Execute_Args::new();
-        e.executable = self.raw;
-        e.options = &mut opts;
-        e.argument_lists = arg_lists.as_ptr();
-        e.num_devices = n;
-        e.num_args = self.parameters.len();
-        e.output_lists = out_lists.as_ptr();
-        e.device_complete_events = complete.as_mut_ptr();
-        // SAFETY: matching args; one argument list per partition, each checked against the
-        // signature and the partition's device (`Run::partitioned`), borrowed for the whole
-        // call; each output list has room for every output; all arrays outlive the call.
-        let executed = unsafe { api.call(api.fns().PJRT_LoadedExecutable_Execute, &mut e) };
-        launched(executed.is_err() || complete.iter().all(|&c| api.event_is_ready(c)));
-        executed.map_err(XlaError::Runtime)?;
-        let mut outputs = Vec::with_capacity(n * self.outputs.len());
-        let mut first_err = None;
-        for (list, &device) in out_ptrs.iter().zip(&self.partition_devices) {
-            for (&p, spec) in list.iter().zip(&self.outputs) {
-                if p.is_null() {
-                    first_err.get_or_insert_with(|| {
-                        XlaError::Runtime("execution produced no output buffer".into())
-                    });
-                    continue;
-                }
-                outputs.push(Buffer::from_raw_with_spec(
-                    &self.client,
-                    p,
-                    spec.clone(),
-                    device,
-                    None,
-                ));
-            }
-        }
+        let Launched {
+            outputs,
+            missing,
+            complete,
+        } = self.launch(&buffers, &self.partition_devices, false, None, launched)?;
+        let mut first_err = missing;
         for event in complete {
             if let Err(msg) = api.await_and_destroy(event) {
                 first_err.get_or_insert(XlaError::Runtime(msg));
@@ -760,5 +778,28 @@ impl Executable {
                 Argument::Device(b) => b,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `executable_build_options` message inside the serialized options.
+    fn build_options(proto: &[u8]) -> &[u8] {
+        assert_eq!(proto[0], 0x1a);
+        &proto[2..2 + proto[1] as usize]
+    }
+
+    #[test]
+    fn an_spmd_program_lets_the_partitioner_split_its_results() {
+        let options = CompileOptions::partitioned(vec![0, 1]).to_proto();
+        assert!(build_options(&options).ends_with(&[0x60, 0x01]));
+    }
+
+    #[test]
+    fn a_single_device_program_has_no_sharding_options() {
+        let options = CompileOptions::default().to_proto();
+        assert_eq!(build_options(&options), &[0x20, 0x01, 0x28, 0x01]);
     }
 }

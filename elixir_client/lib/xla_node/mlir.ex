@@ -1,7 +1,7 @@
 defmodule XlaNode.MLIR do
   @moduledoc """
   Builds StableHLO programs from Elixir: each op takes typed values and returns a typed value,
-  checking the types in Elixir, and `module/1` returns the module's text, ready for
+  checking the types in Elixir, and `module/2` returns the module's text, ready for
   `XlaNode.compile/3`.
 
   Types are the client's `{type, dims}` (see `XlaNode.Tensor`): `{{:f, 32}, [2, 3]}` is
@@ -113,17 +113,46 @@ defmodule XlaNode.MLIR do
   @doc """
   Builds a module: `fun` defines its functions with `function/4`; one must be `"main"`.
   Returns the module's text.
+
+  Options: `attributes: [{name, attribute text}]`, the module's attributes, such as what an
+  SPMD program over several devices carries (`XlaNode.compile/3`'s `devices:`):
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> text =
+      ...>   M.module(fn -> M.function("main", [{{:f, 32}, [4]}], fn [x] -> x end) end,
+      ...>     attributes: [{"mhlo.num_partitions", "2 : i32"}, {"mhlo.num_replicas", "1 : i32"}]
+      ...>   )
+      iex> text =~ "module attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {"
+      true
   """
-  def module(fun) when is_function(fun, 0), do: Module.build(fun)
+  def module(fun, opts \\ []) when is_function(fun, 0) do
+    opts = options!(opts, "module/2", attributes: :attributes)
+    Module.build(fun, Keyword.get(opts, :attributes, []))
+  end
 
   @doc """
   Defines a function of the module. `arg_types` are `{type, dims}`; `body` receives the
-  arguments as a list of values and returns a value or a list of values. Options:
-  `private: true` (default for every function but `"main"`). Returns a `%XlaNode.MLIR.Func{}`
-  for `call/2`.
+  arguments as a list of values and returns a value or a list of values. Returns a
+  `%XlaNode.MLIR.Func{}` for `call/2`. Options:
+
+    * `:private` - `true` by default for every function but `"main"`
+    * `:arg_attributes` - one entry per argument: `nil`, or the argument's attributes as
+      `[{name, attribute text}]`, such as the sharding of an SPMD program's parameter
+
+  An SPMD program's parameters, one split in two, the other whole on each device:
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> text =
+      ...>   M.module(fn ->
+      ...>     M.function("main", [{{:f, 32}, [4]}, {{:f, 32}, []}], fn [x, _] -> x end,
+      ...>       arg_attributes: [[{"mhlo.sharding", ~s("{devices=[2]0,1}")}], nil]
+      ...>     )
+      ...>   end)
+      iex> text =~ ~s|(%arg0: tensor<4xf32> {mhlo.sharding = "{devices=[2]0,1}"}, %arg1: tensor<f32>)|
+      true
   """
   def function(name, arg_types, body, opts \\ []) when is_binary(name) and is_function(body, 1) do
-    opts = options!(opts, "function/4", private: :boolean)
+    opts = options!(opts, "function/4", private: :boolean, arg_attributes: :list)
     Function.build(name, arg_types, body, Keyword.put_new(opts, :private, name != "main"))
   end
 

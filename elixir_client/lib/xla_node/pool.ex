@@ -1,7 +1,7 @@
 defmodule XlaNode.Pool do
   @moduledoc """
-  Several xla_node compute nodes used as one: each run goes where it will finish first, and a
-  run whose node goes down finishes on another.
+  Several xla_node compute nodes used as one, every device of each: each run goes where it will
+  finish first, and a run whose node goes down finishes on another.
 
       children = [
         {XlaNode.Pool, name: MyApp.XLA, nodes: [:"xla@gpu1", :"xla@gpu2", :"xla@gpu3"]}
@@ -22,7 +22,7 @@ defmodule XlaNode.Pool do
 
   The pool connects to its nodes, follows them with
   `:net_kernel.monitor_nodes(true, node_type: :all)`, and asks each for `:info` before sending
-  it work. A node that goes down or cannot be reached is tried again after a delay that doubles
+  it work (the answer also tells its devices). A node that goes down or cannot be reached is tried again after a delay that doubles
   from the first `:reconnect_backoff` value up to the second; it gets work again once it answers
   `:info` (a node restarted under the same name rejoins this way). `status/1` shows where each
   node stands.
@@ -39,16 +39,34 @@ defmodule XlaNode.Pool do
 
   ## Placement
 
-  A run goes to the up node with the fewest runs in flight from this pool; among those, to the
-  one where the program's recent runs took least time (a node where it never ran counts as 0,
-  so that every node gets to run it). A run whose arguments include buffers goes to the node
-  holding them; the `node:` run option pins a run to a node. The caller sends the run to the
-  node itself: the pool process is only asked when a program must be compiled on a node.
+  The pool places on devices: each node's devices (`:info`'s `devices`, asked when the node
+  joins) are places as the nodes are. A run with host arguments goes to the device, of every
+  device of the up nodes, with the fewest runs in flight from this pool; among those, to the
+  node with the fewest, then to the one where the program's recent runs took least time (a node
+  where it never ran counts as 0, so that every node gets to run it), then by chance. It is sent
+  to that node with `device: n` (a node compiles a program once for all its devices).
+  `to_device/3` without `device:` places the tensor the same way, so tensors placed one after
+  another spread over the devices too.
+
+  A run whose arguments include buffers goes to the node holding them and runs on their device
+  there, where its results stay: a buffer's reference does not say its device, so the node
+  takes it from the buffers (the pool counts such a run in the node's runs in flight, not a
+  device's). Buffers that the pool put on two devices of one node meet: a run that takes both
+  and names no device runs on the device of its first buffer, and the pool first copies each
+  other buffer there (read and placed again, in chunks where large; the copy is freed once the
+  run is answered), as `XlaNode.Backend` sends a tensor of another node along. Place tensors
+  used together with `device:`, or move them once, to spare the copies.
+
+  The `node:` run option pins a run to a node (to its least loaded device); `device: n` runs it
+  on device n of the node the pool chooses (the one whose device n has the fewest runs in
+  flight), or of the node of its buffers, which must then be on device n (the node refuses them
+  otherwise, naming both devices). The caller sends the run to the node itself: the pool
+  process is only asked when a program must be compiled on a node.
 
   ## Failover
 
   A run whose node goes down or disconnects before replying is sent to another node (compiled
-  there if needed), up to `:max_attempts` attempts in all. The caller learns of it as soon as
+  there if needed; to its least loaded device, as placement chooses), up to `:max_attempts` attempts in all. The caller learns of it as soon as
   its own connection does (the call monitors the node's `:xla` process), not after a timeout.
   A run is not re-sent, and the caller gets `{:error, %XlaNode.Error{kind: :nodedown,
   reason: :nodedown, node: node}}` at once, when
@@ -71,12 +89,13 @@ defmodule XlaNode.Pool do
   ## Telemetry
 
   A run through the pool is one `[:xla_node, :run]` span (see `XlaNode.Telemetry`), however
-  many nodes it tries: its `:stop` metadata has `attempts` (how many nodes it was sent to) and
-  `node` (where the last attempt went).
+  many nodes it tries: its `:stop` metadata has `attempts` (how many nodes it was sent to),
+  `node` (where the last attempt went) and `device` (the device the pool chose there; `nil`
+  where the node chose it by the run's buffers).
 
   ## Run options
 
-  Besides `run/4`'s own (`:keep_on_device`, `:wait`, `:callback_server`, `:callback_timeout`,
+  Besides `run/4`'s own (`:device`, `:keep_on_device`, `:wait`, `:callback_server`, `:callback_timeout`,
   `:queue_timeout`, `:timeout`, which covers all attempts): `node: node` (pin the run),
   `retry: false` (never re-send it), `max_attempts: n` (this run's limit).
 
@@ -152,7 +171,12 @@ defmodule XlaNode.Pool do
         retries: 1,
         nodes: [
           %{node: :"xla@host1", status: :up, in_flight: 0, runs: 151, errors: 0, failures: 0,
-            retries: 0, recent_run_us: 812, executables: 2, platform: "cpu", last_error: nil},
+            retries: 0, recent_run_us: 812, executables: 2, platform: "cpu", last_error: nil,
+            devices: [
+              %{device: 0, name: "cpu:0", in_flight: 0, runs: 38},
+              %{device: 1, name: "cpu:1", in_flight: 0, runs: 37},
+              ...
+            ]},
           ...
         ]
       }
@@ -161,8 +185,11 @@ defmodule XlaNode.Pool do
   `in_flight` (runs of this pool sent there and not answered), `runs` (answered with results),
   `errors` (answered with an error), `failures` (attempts lost because the node went down),
   `retries` (of those, the runs re-sent elsewhere), `recent_run_us` (a moving average of its
-  runs' wall time, as the caller sees it), `executables` (programs compiled there), `platform`
-  and `last_error` (why it is not up). The totals are over the nodes. Raises `XlaNode.Error`
+  runs' wall time, as the caller sees it), `executables` (programs compiled there), `platform`,
+  `last_error` (why it is not up) and `devices`: per device of the node (as its `:info` last
+  listed them), its index, its name, and the runs the pool placed on it in flight and answered
+  with results (a run that its buffers place counts on the node alone; the node's own
+  `:info` `device_info` counts every run on each device). The totals are over the nodes. Raises `XlaNode.Error`
   (kind `:noproc`) for an unknown pool.
   """
   @spec status(t()) :: map()
@@ -501,6 +528,8 @@ defmodule XlaNode.Pool do
   defp handle_response({:check, node}, response, state) do
     case {status(state, node), response} do
       {:checking, {:reply, {:ok, %{} = info}}} ->
+        # Its devices first: callers place runs on them as soon as it is up.
+        Table.put_devices(state.tab, node, Map.get(info, :devices))
         Table.set_up(state.tab, node)
         platform = Map.get(info, :platform)
         Logger.info("XlaNode.Pool #{inspect(state.label)}: #{node} is up (#{platform})")
@@ -709,6 +738,7 @@ defmodule XlaNode.Pool do
         |> Map.merge(%{
           node: node,
           executables: Map.get(executables, node, 0),
+          devices: Table.device_info(state.tab, node),
           platform: info.platform,
           last_error: info.last_error
         })

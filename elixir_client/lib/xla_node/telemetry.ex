@@ -15,7 +15,7 @@ defmodule XlaNode.Telemetry do
   | `[:xla_node, :compile, :start]` | `monotonic_time`, `system_time` | `node`, `server`, and the call's `:telemetry_metadata` |
   | `[:xla_node, :compile, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `exe` (the executable, `nil` on error) and `error` (`nil` or the `XlaNode.Error`) |
   | `[:xla_node, :run, :start]` | `monotonic_time`, `system_time` | `node`, `server`, `exe`, and the call's `:telemetry_metadata` |
-  | `[:xla_node, :run, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `error` (`nil` or the `XlaNode.Error`) and `attempts` (how many nodes the run was sent to); through an `XlaNode.Pool`, `node` is the node of the last attempt |
+  | `[:xla_node, :run, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `error` (`nil` or the `XlaNode.Error`) and `attempts` (how many nodes the run was sent to); through an `XlaNode.Pool`, `node` is the node of the last attempt and `device` the device the pool chose there (`nil` where the run's buffers chose it) |
   | `[:xla_node, :callback, :start]` | `monotonic_time`, `system_time` | `node` (the node whose program called back), `callback_server` (its pid), `callback_id` |
   | `[:xla_node, :callback, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `error` (`nil`, or the `{kind, message}` the program fails with) |
   | `[:xla_node, op, :exception]` | `duration`, `monotonic_time` | the `:start` metadata, plus `kind`, `reason`, `stacktrace` |
@@ -28,7 +28,7 @@ defmodule XlaNode.Telemetry do
   `error`; `node` is the node the call goes to (`nil` for a `{:global, _}` or `{:via, _, _}`
   server). A run through an `XlaNode.Pool` is one span, whatever the attempts: the pool picks
   the node, so `:start` has `node: nil`, and `:stop` has the `node` of the last attempt (`nil` if
-  no node could take the run) and `attempts`, 1 plus one for each time the run was re-sent after
+  no node could take the run), its `device` and `attempts`, 1 plus one for each time the run was re-sent after
   its node went down (0 if none could take it); a run sent to a node has `attempts: 1`.
   `callback` is an `XlaNode.CallbackServer` running one callback, in the process that
   runs it: a callback that raises, throws or exits ends with `:exception` (the program then fails

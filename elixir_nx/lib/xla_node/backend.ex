@@ -54,7 +54,8 @@ defmodule XlaNode.Backend do
   ## Memory
 
   A buffer belongs to the process that made it: the node frees it when that process exits, or
-  with `Nx.backend_deallocate/1`. Other processes may use the tensor while it lives. A process that lives long (a GenServer running eager operations
+  with `Nx.backend_deallocate/1` (sent with this process's next request to the node, or a
+  millisecond later: `XlaNode.free_later/1`). Other processes may use the tensor while it lives. A process that lives long (a GenServer running eager operations
   for hours) frees what it makes inside `scope/1` when the scope ends, except what the scope
   returns:
 
@@ -116,9 +117,10 @@ defmodule XlaNode.Backend do
   however nested: a model's params), with one `{:free, buffers}` cast to each node that holds
   some and no answer to wait for; returns `:ok`. Buffers freed already are skipped silently.
 
-  `Nx.backend_deallocate/1` frees a container tensor by tensor, each with a request answered
-  (so that it can say `:already_deallocated`); this is the same in one message, as a training
-  loop that drops its old params each step wants:
+  `Nx.backend_deallocate/1` of a container comes to the same: Nx frees it tensor by tensor, and
+  each free is noted to go with this process's next request to the node (`XlaNode.free_later/1`),
+  in one cast with the others. Either way a training loop that drops its old params each step
+  pays one message for it:
 
       {new_params, loss} = XlaNode.Backend.scope(fn -> step.(params, x, y) end)
       XlaNode.Backend.free_all(params)

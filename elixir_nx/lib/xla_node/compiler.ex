@@ -87,15 +87,23 @@ defmodule XlaNode.Compiler do
 
   alias XlaNode.Compiler.{Cache, Options, Program}
 
-  # One partition per node of a pool, or per device of a node (as EXLA gives one per device of
-  # its client), so that a serving's batches run side by side.
+  # One partition per device of a node (as EXLA gives one per device of its client), or per
+  # device of every node of a pool (the pool places each run on its least loaded device), so
+  # that a serving's batches run side by side.
   @impl true
   def __partitions_options__(opts) do
     opts = Options.validate!(opts)
     node = Keyword.get(opts, :node)
 
     if XlaNode.Pool.pool?(node) do
-      List.duplicate(opts, max(length(XlaNode.Pool.nodes(node)), 1))
+      devices =
+        node
+        |> XlaNode.Pool.status()
+        |> Map.fetch!(:nodes)
+        |> Enum.map(fn status -> max(length(Map.get(status, :devices, [])), 1) end)
+        |> Enum.sum()
+
+      List.duplicate(opts, max(devices, 1))
     else
       for device <- 0..(device_count(node!(opts)) - 1)//1,
           do: Keyword.put(opts, :device_id, device)
@@ -159,6 +167,27 @@ defmodule XlaNode.Compiler do
       :split ->
         XlaNode.Compiler.Split.compile(Program.function_key(key), vars, fun, opts, info)
     end
+  end
+
+  @impl true
+  def __shard_jit__(key, mesh, vars, fun, args_list, opts) do
+    opts = Options.validate!(opts)
+    node = node!(opts)
+
+    if XlaNode.Pool.pool?(node) do
+      raise ArgumentError,
+            "shard_jit with XlaNode.Compiler runs on the devices of one node: give node: a " <>
+              "node, not an XlaNode.Pool"
+    end
+
+    keep? = keep_on_device?(opts)
+
+    opts =
+      opts
+      |> Keyword.put(:inline_results, keep? and not Keyword.has_key?(opts, :keep_on_device))
+      |> Keyword.put(:keep_on_device, keep?)
+
+    XlaNode.Compiler.Shard.run(key, mesh, vars, fun, args_list, opts)
   end
 
   # Callbacks inside the program need a platform whose programs can call the node's host

@@ -1,13 +1,18 @@
 defmodule XlaNode.MLIR.Attribute do
   @moduledoc false
   # The MLIR text of attributes: the FFI attributes of a custom call's backend_config (what
-  # `XlaNode.MLIR.attribute/1` documents), and the integer arrays and padding of StableHLO ops.
+  # `XlaNode.MLIR.attribute/1` documents), the integer arrays and padding of StableHLO ops, and
+  # named attributes (a module's, an argument's).
 
   alias XlaNode.MLIR.Type
 
   @doc "An `array<i64: ...>` attribute."
   def i64_array([]), do: "array<i64>"
   def i64_array(list), do: "array<i64: #{Enum.join(list, ", ")}>"
+
+  @doc "Named attributes, `[{name, attribute text}]`, as a dictionary's entries: `a = 1, b = 2`."
+  def named(attributes),
+    do: Enum.map_join(attributes, ", ", fn {name, value} -> "#{name} = #{value}" end)
 
   @doc "A padding attribute, `[{low, high}]` per dimension, as a `tensor<Nx2xi64>`."
   def padding(padding) do

@@ -8,7 +8,7 @@ defmodule XlaNode.MLIR.Function do
   # (XlaNode.MLIR.Region takes them out into its op's line), and when the function's body
   # returns, those left are its own, in order.
 
-  alias XlaNode.MLIR.{Builders, Func, Module, Type, Value}
+  alias XlaNode.MLIR.{Attribute, Builders, Func, Module, Type, Value}
 
   @enforce_keys [:name, :lines, :state, :owner]
   defstruct [:name, :lines, :state, :owner]
@@ -30,7 +30,8 @@ defmodule XlaNode.MLIR.Function do
   @doc """
   Builds the function `name` of the module the calling process builds: `body` receives values
   of `arg_types` and returns a value or a list of values. Returns its `XlaNode.MLIR.Func`.
-  `opts`, checked by `XlaNode.MLIR.function/4`: `private` (whether it is written private).
+  `opts`, checked by `XlaNode.MLIR.function/4`: `private` (whether it is written private) and
+  `arg_attributes` (nil or `[{name, attribute text}]` for each argument).
   """
   def build(name, arg_types, body, opts) do
     module =
@@ -49,6 +50,7 @@ defmodule XlaNode.MLIR.Function do
       do: raise(ArgumentError, "function #{inspect(name)} is defined twice")
 
     arg_types = Enum.map(arg_types, &Type.check!("function #{name}", &1))
+    arg_attributes = arg_attributes!(name, opts, length(arg_types))
 
     function = %__MODULE__{
       name: name,
@@ -71,7 +73,7 @@ defmodule XlaNode.MLIR.Function do
       text =
         [
           "func.func #{if opts[:private], do: "private ", else: ""}@#{name}(",
-          Enum.map_join(args, ", ", &"#{&1.name}: #{Type.text(&1.type)}"),
+          Enum.zip_with(args, arg_attributes, &argument_text/2) |> Enum.join(", "),
           ") -> (",
           Type.texts(result_types),
           ") {\n",
@@ -89,6 +91,39 @@ defmodule XlaNode.MLIR.Function do
       take_from(function, 0)
     end
   end
+
+  defp arg_attributes!(name, opts, count) do
+    case Keyword.fetch(opts, :arg_attributes) do
+      :error ->
+        List.duplicate(nil, count)
+
+      {:ok, attributes} when length(attributes) == count ->
+        Enum.each(attributes, fn entry ->
+          unless entry == nil or attributes?(entry) do
+            raise ArgumentError,
+                  "function #{name}: each of :arg_attributes must be nil or a list of " <>
+                    "{name, attribute text}, got: #{inspect(entry)}"
+          end
+        end)
+
+        attributes
+
+      {:ok, attributes} ->
+        raise ArgumentError,
+              "function #{name}: :arg_attributes has #{length(attributes)} entries for " <>
+                "#{count} arguments"
+    end
+  end
+
+  defp attributes?(entry),
+    do:
+      is_list(entry) and Enum.all?(entry, &match?({k, v} when is_binary(k) and is_binary(v), &1))
+
+  defp argument_text(arg, attributes) when attributes in [nil, []],
+    do: "#{arg.name}: #{Type.text(arg.type)}"
+
+  defp argument_text(arg, attributes),
+    do: "#{arg.name}: #{Type.text(arg.type)} {#{Attribute.named(attributes)}}"
 
   @doc """
   `value` if it is a value of the function whose body runs in the calling process; raises

@@ -5,7 +5,7 @@ defmodule XlaNode.MLIR.Module do
   # were defined once the builder returns. The same table holds the lines of the function
   # being built (XlaNode.MLIR.Function), under integer keys.
 
-  alias XlaNode.MLIR.Builders
+  alias XlaNode.MLIR.{Attribute, Builders}
 
   @enforce_keys [:table]
   defstruct [:table]
@@ -17,8 +17,11 @@ defmodule XlaNode.MLIR.Module do
   # then stays small and is collected often; the process's own setting is back afterwards.
   @min_heap_size 32_768
 
-  @doc "Runs `fun`, which defines the module's functions; returns the module's text."
-  def build(fun) do
+  @doc """
+  Runs `fun`, which defines the module's functions; returns the module's text, with
+  `attributes` (`[{name, attribute text}]`).
+  """
+  def build(fun, attributes) do
     module = %__MODULE__{table: :ets.new(__MODULE__, [:ordered_set, :private])}
     heap = Process.flag(:min_heap_size, @min_heap_size)
 
@@ -31,10 +34,17 @@ defmodule XlaNode.MLIR.Module do
         unless defined?(module, "main"),
           do: raise(ArgumentError, "the module has no \"main\" function")
 
-        module.table
-        |> :ets.select([{{{:function, :_}, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
-        |> Enum.sort()
-        |> Enum.map_join("\n", fn {_order, text} -> text end)
+        body =
+          module.table
+          |> :ets.select([{{{:function, :_}, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
+          |> Enum.sort()
+          |> Enum.map_join("\n", fn {_order, text} -> text end)
+
+        # Without attributes the text stays as it was, so that programs keep their cache keys.
+        case attributes do
+          [] -> body
+          attributes -> "module attributes {#{Attribute.named(attributes)}} {\n" <> body <> "}\n"
+        end
       after
         Builders.close_module()
       end

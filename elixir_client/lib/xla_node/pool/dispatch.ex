@@ -1,10 +1,11 @@
 defmodule XlaNode.Pool.Dispatch do
   @moduledoc false
-  # What an `XlaNode` call given a pool does, in the calling process: choose a node from the
-  # pool's table, send the request to that node itself, keep the counters, and re-send it
-  # elsewhere when the node goes down. The pool process is asked only for what it owns:
-  # compiling a program (on a node where it has no executable yet) and freeing one. So runs from
-  # many processes go to the nodes side by side, never one at a time through the pool.
+  # What an `XlaNode` call given a pool does, in the calling process: choose a node, and for a
+  # run or a placed tensor a device of it, from the pool's table, send the request to that node
+  # itself, keep the counters, and re-send it elsewhere when the node goes down. The pool
+  # process is asked only for what it owns: compiling a program (on a node where it has no
+  # executable yet) and freeing one. So runs from many processes go to the nodes side by side,
+  # never one at a time through the pool.
   #
   # Every function returns what XlaNode's own call does: `{:ok, value}` or
   # `{:error, %XlaNode.Error{}}`; `run/3` with where the run went (see its doc). The requests go
@@ -21,8 +22,9 @@ defmodule XlaNode.Pool.Dispatch do
 
   @doc """
   Serves one `XlaNode` run request through the pool described by `ctx`: returns `{result,
-  %{node: node, attempts: attempts}}`, `node` being where the last attempt went (nil if none
-  did) and `attempts` how many nodes the run was sent to.
+  %{node: node, device: device, attempts: attempts}}`, `node` and `device` being where the last
+  attempt went (nil if none did; `device` nil too where the node chose it, by the run's
+  buffers) and `attempts` how many nodes the run was sent to.
   """
   def run(ctx, {:run, exe, args}, timeout), do: run(ctx, exe, args, [], deadline(timeout))
   def run(ctx, {:run, exe, args, opts}, timeout), do: run(ctx, exe, args, opts, deadline(timeout))
@@ -38,12 +40,25 @@ defmodule XlaNode.Pool.Dispatch do
       {:compile, mlir, opts} ->
         compile(ctx, mlir, opts, deadline)
 
-      {:to_device, _tensor} ->
-        anywhere(ctx, deadline, &XlaNode.call_node(&1, request, &2))
+      # On the device with the fewest runs in flight, as a run with host arguments.
+      {:to_device, tensor} ->
+        place_tensor = fn
+          node, nil, timeout ->
+            XlaNode.call_node(node, request, timeout)
+
+          node, device, timeout ->
+            XlaNode.to_device(node, tensor, timeout: timeout, device: device)
+        end
+
+        anywhere(ctx, deadline, place_tensor, nil, :any_device)
 
       # Placed on that device of whichever node the pool chooses.
       {:to_device, tensor, placement} ->
-        anywhere(ctx, deadline, &XlaNode.to_device(&1, tensor, [timeout: &2] ++ placement))
+        place_tensor = fn node, _device, timeout ->
+          XlaNode.to_device(node, tensor, [timeout: timeout] ++ placement)
+        end
+
+        anywhere(ctx, deadline, place_tensor, nil, Keyword.get(placement, :device, :any_device))
 
       {:read, buffer} ->
         on_buffer_node(ctx, buffer, deadline, &XlaNode.call_node(&1, request, &2))
@@ -55,7 +70,9 @@ defmodule XlaNode.Pool.Dispatch do
         on_buffer_node(ctx, ref, deadline, &XlaNode.call_node(&1, request, &2))
 
       request when request in [:info, :ping] ->
-        anywhere(ctx, deadline, &XlaNode.call_node(&1, request, &2))
+        anywhere(ctx, deadline, fn node, _device, timeout ->
+          XlaNode.call_node(node, request, timeout)
+        end)
 
       {:load_kernel, _, _, _, _} ->
         {:error, Error.argument_error(@load_kernel)}
@@ -85,40 +102,43 @@ defmodule XlaNode.Pool.Dispatch do
 
       attempt_run(ctx, plan, 1, [])
     else
-      error -> {error, %{node: nil, attempts: 0}}
+      error -> {error, %{node: nil, device: nil, attempts: 0}}
     end
   end
 
-  # Returns {result, %{node: node of the last attempt, attempts: attempts made}}.
+  # Returns {result, %{node:, device:, attempts:}}: where the last attempt went, attempts made.
   defp attempt_run(ctx, plan, attempt, tried) do
-    case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline) do
-      {:ok, node, gen} ->
+    want = Keyword.get(plan.node_opts, :device, :any_device)
+
+    case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline, want) do
+      {:ok, node, gen, device} ->
         # In flight from here: a run waiting for its program to compile on the node counts, so
-        # that the runs placed meanwhile do not all pile onto a node that has none in flight yet.
+        # that the runs placed meanwhile do not all pile onto a device that has none in flight
+        # yet.
         watch_caller(ctx)
-        run = Table.start_run(ctx.tab, node)
+        run = Table.start_run(ctx.tab, node, device)
 
         case executable(ctx, plan, node, gen) do
           {:ok, exe} ->
-            send_run(ctx, plan, attempt, tried, node, exe, run)
+            send_run(ctx, plan, attempt, tried, {node, device}, exe, run)
 
           # The node went down while the pool compiled the program there: nothing ran.
           {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
             Table.end_run(ctx.tab, run)
             Table.count(ctx.tab, node, :failures)
-            failover(ctx, plan, attempt, tried, node, error, false)
+            failover(ctx, plan, attempt, tried, {node, device}, error, false)
 
           {:error, _} = error ->
             Table.end_run(ctx.tab, run)
-            {error, %{node: node, attempts: attempt}}
+            {error, %{node: node, device: device, attempts: attempt}}
         end
 
       error ->
-        {error, %{node: List.first(tried), attempts: attempt - 1}}
+        {error, %{node: List.first(tried), device: nil, attempts: attempt - 1}}
     end
   end
 
-  defp send_run(ctx, plan, attempt, tried, node, exe, run) do
+  defp send_run(ctx, plan, attempt, tried, {node, device} = where, exe, run) do
     relay =
       if plan.handle.effects == :callbacks and may_retry?(plan, attempt) and
            plan.node_opts[:callback_server] != nil do
@@ -130,35 +150,87 @@ defmodule XlaNode.Pool.Dispatch do
         do: Keyword.put(plan.node_opts, :callback_server, relay),
         else: plan.node_opts
 
-    request =
-      if node_opts == [], do: {:run, exe, plan.args}, else: {:run, exe, plan.args, node_opts}
+    # The device the pool chose (the caller's own `device:` is in the options already).
+    node_opts =
+      if device != nil and not Keyword.has_key?(node_opts, :device),
+        do: Keyword.put(node_opts, :device, device),
+        else: node_opts
 
     started = System.monotonic_time(:microsecond)
-    result = XlaNode.call_node(node, request, remaining(plan.deadline))
+    {result, copies} = run_on(ctx, plan, node, exe, node_opts, plan.args, [])
+    if copies != [], do: XlaNode.free_all(copies)
 
     elapsed = System.monotonic_time(:microsecond) - started
     Table.end_run(ctx.tab, run)
     fired = relay != nil and Relay.close(relay)
+    where_map = %{node: node, device: device, attempts: attempt}
 
     case result do
       {:ok, _} = ok ->
         Table.count(ctx.tab, node, :runs)
+        Table.count_device_run(ctx.tab, node, device)
         Table.record_time(ctx.tab, plan.handle.id, node, elapsed)
-        {ok, %{node: node, attempts: attempt}}
+        {ok, where_map}
 
       {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
         Table.count(ctx.tab, node, :failures)
-        failover(ctx, plan, attempt, tried, node, error, fired)
+        failover(ctx, plan, attempt, tried, where, error, fired)
 
       {:error, error} ->
         Table.count(ctx.tab, node, :errors)
-        {{:error, %{error | node: error.node || node}}, %{node: node, attempts: attempt}}
+        {{:error, %{error | node: error.node || node}}, where_map}
+    end
+  end
+
+  # The node refuses a run whose buffers are on two of its devices. The pool put them there when
+  # the caller named no device (a tensor placed through the pool, the results of runs it
+  # placed), so the pool makes them meet: each buffer the node names as misplaced is copied to
+  # the run's device (read, then placed, in chunks where large), as XlaNode.Backend sends a
+  # tensor of another node along, and the run is sent again. Returns the run's result and the
+  # copies, for the caller to free once it is answered.
+  defp run_on(ctx, plan, node, exe, node_opts, args, copies) do
+    request = if node_opts == [], do: {:run, exe, args}, else: {:run, exe, args, node_opts}
+    result = XlaNode.call_node(node, request, remaining(plan.deadline))
+
+    with {:error, %Error{kind: :argument_error, message: message}} <- result,
+         true <- pool_placed_buffers?(plan),
+         {:ok, ref, device} <- misplaced(ctx, node, args, copies, message),
+         {:ok, copy} <- copy_to_device(node, ref, device, plan.deadline) do
+      args = Enum.map(args, fn arg -> if arg == ref, do: copy, else: arg end)
+      run_on(ctx, plan, node, exe, node_opts, args, [copy | copies])
+    else
+      _ -> {result, copies}
+    end
+  end
+
+  defp pool_placed_buffers?(plan),
+    do:
+      match?({_node, {:buffer, _, _}}, plan.pin) and not Keyword.has_key?(plan.node_opts, :device)
+
+  # The node's refusal (src/xla/run.rs), when the run's device is where another buffer is;
+  # integration/test/pool_devices_test.exs holds the two to the same wording.
+  @misplaced ~r/^argument (\d+) is on device \S+, but the run is on device (\S+) \(where argument \d+ is\)/
+
+  defp misplaced(ctx, node, args, copies, message) do
+    with [_, index, run_device] <- Regex.run(@misplaced, message),
+         ref when is_reference(ref) <- Enum.at(args, String.to_integer(index)),
+         false <- ref in copies,
+         device when is_integer(device) <- Table.device_index(ctx.tab, node, run_device) do
+      {:ok, ref, device}
+    else
+      _ -> :error
+    end
+  end
+
+  defp copy_to_device(node, ref, device, deadline) do
+    with {:ok, tensor} <- XlaNode.call_node(node, {:read, ref}, remaining(deadline)) do
+      XlaNode.call_node(node, {:to_device, tensor, [device: device]}, remaining(deadline))
     end
   end
 
   # The attempt on `node` ended without a result because the node went down (or has no `:xla`):
   # re-send the run elsewhere, or say why not.
-  defp failover(ctx, plan, attempt, tried, node, error, fired) do
+  defp failover(ctx, plan, attempt, tried, {node, device}, error, fired) do
     # :noproc: the node never took the run, so its effects cannot have happened.
     never_ran = error.kind == :noproc
 
@@ -185,7 +257,7 @@ defmodule XlaNode.Pool.Dispatch do
 
     if why_not do
       {{:error, lost(node, error, "; not re-sent: " <> why_not)},
-       %{node: node, attempts: attempt}}
+       %{node: node, device: device, attempts: attempt}}
     else
       Table.count(ctx.tab, node, :retries)
       attempt_run(ctx, plan, attempt + 1, [node | tried])
@@ -300,14 +372,19 @@ defmodule XlaNode.Pool.Dispatch do
 
   ## Placement
 
-  # The node for the next attempt: the pinned one if up, else the up node not tried yet with the
-  # fewest runs in flight, then the lowest recent time of program `id` (nil: any program). With
-  # none, a node still joining the pool (a pool just started, a node just added) is waited for.
-  defp place(ctx, id, pin, tried, deadline) do
-    case choose(ctx, id, pin, tried) do
+  # Where the next attempt goes: `{:ok, node, generation, device}`. The pinned node if up, else
+  # the up node not tried yet whose chosen device has the fewest runs in flight, then the node
+  # with the fewest, then the lowest recent time of program `id` (nil: any program), then chance.
+  # `want` says which device: `:any_device` (the least loaded; nil where a buffer pins the run,
+  # whose device the node takes from the buffers, or for a node that lists no devices), a device
+  # index (the caller's), or `:no_device` (a compile, :info, :ping: the node alone). With no
+  # node up, a node still joining the pool (a pool just started, a node just added) is waited
+  # for.
+  defp place(ctx, id, pin, tried, deadline, want) do
+    case choose(ctx, id, pin, tried, want) do
       {:error, _} = error when tried == [] ->
         case pool_call(ctx, {:await_join, pin && elem(pin, 0)}, remaining(deadline)) do
-          {:ok, :changed} -> place(ctx, id, pin, tried, deadline)
+          {:ok, :changed} -> place(ctx, id, pin, tried, deadline, want)
           _ -> error
         end
 
@@ -316,10 +393,20 @@ defmodule XlaNode.Pool.Dispatch do
     end
   end
 
-  defp choose(ctx, _id, {node, why}, _tried) do
+  defp choose(ctx, id, {node, why}, _tried, want) do
     case Table.load(ctx.tab, node) do
-      {:up, gen, _} ->
-        {:ok, node, gen}
+      {:up, gen, in_flight} ->
+        device =
+          case {want, why} do
+            {:any_device, {:buffer, _, _}} ->
+              nil
+
+            _ ->
+              {device, _key} = least_loaded(ctx, id, node, gen, in_flight, want)
+              device
+          end
+
+        {:ok, node, gen, device}
 
       _ ->
         message =
@@ -335,26 +422,53 @@ defmodule XlaNode.Pool.Dispatch do
     end
   end
 
-  defp choose(ctx, id, nil, tried) do
+  defp choose(ctx, id, nil, tried, want) do
     ctx = %{ctx | nodes: Table.nodes(ctx.tab, ctx.nodes)}
 
     candidates =
       for node <- ctx.nodes,
           node not in tried,
           {:up, gen, in_flight} <- [Table.load(ctx.tab, node)] do
-        {node, gen, {in_flight, recent(ctx, id, node, gen), :rand.uniform()}}
+        {device, key} = least_loaded(ctx, id, node, gen, in_flight, want)
+        {node, gen, device, key}
       end
 
     case candidates do
       [] ->
         {:error, none_up(ctx, tried)}
 
-      [{node, gen, _}] ->
-        {:ok, node, gen}
+      [{node, gen, device, _}] ->
+        {:ok, node, gen, device}
 
       _ ->
-        {node, gen, _} = Enum.min_by(candidates, &elem(&1, 2))
-        {:ok, node, gen}
+        {node, gen, device, _} = Enum.min_by(candidates, &elem(&1, 3))
+        {:ok, node, gen, device}
+    end
+  end
+
+  # `{device, key}` of `node`'s device that `want` allows with the lowest key: runs in flight on
+  # the device, on the node, the program's recent time there, chance. Runs whose device the node
+  # chose (by their buffers) count on the node alone.
+  defp least_loaded(ctx, id, node, gen, in_flight, want) do
+    recent = recent(ctx, id, node, gen)
+    loads = Table.device_loads(ctx.tab, node)
+
+    slots =
+      case want do
+        :any_device when loads != [] -> loads
+        device when is_integer(device) -> [{device, device_load(loads, device, in_flight)}]
+        _no_device_or_none_listed -> [{nil, in_flight}]
+      end
+
+    slots
+    |> Enum.map(fn {device, load} -> {device, {load, in_flight, recent, :rand.uniform()}} end)
+    |> Enum.min_by(&elem(&1, 1))
+  end
+
+  defp device_load(loads, device, node_in_flight) do
+    case List.keyfind(loads, device, 0) do
+      {^device, load} -> load
+      nil -> node_in_flight
     end
   end
 
@@ -388,15 +502,15 @@ defmodule XlaNode.Pool.Dispatch do
 
   ## Everything else
 
-  # Runs `fun.(node, timeout)` on a node the pool chooses (or on `pin`, `{node, :option}`), and
-  # again on another if the node goes down first (compile, to_device, info, ping: nothing outside
-  # sees them).
-  defp anywhere(ctx, deadline, fun, pin \\ nil, attempt \\ 1, tried \\ []) do
-    with {:ok, node, _gen} <- place(ctx, nil, pin, tried, deadline) do
-      case fun.(node, remaining(deadline)) do
+  # Runs `fun.(node, device, timeout)` on a node the pool chooses (or on `pin`, `{node,
+  # :option}`) and a device of it as `want` says (see place/6), and again on another node if the
+  # node goes down first (compile, to_device, info, ping: nothing outside sees them).
+  defp anywhere(ctx, deadline, fun, pin \\ nil, want \\ :no_device, attempt \\ 1, tried \\ []) do
+    with {:ok, node, _gen, device} <- place(ctx, nil, pin, tried, deadline, want) do
+      case fun.(node, device, remaining(deadline)) do
         {:error, %Error{kind: kind}}
         when kind in [:nodedown, :noproc] and pin == nil and attempt < ctx.max_attempts ->
-          anywhere(ctx, deadline, fun, pin, attempt + 1, [node | tried])
+          anywhere(ctx, deadline, fun, pin, want, attempt + 1, [node | tried])
 
         {:error, error} ->
           {:error, %{error | node: error.node || node}}
@@ -414,7 +528,7 @@ defmodule XlaNode.Pool.Dispatch do
     {node, opts} = Keyword.pop(opts, :node)
 
     with :ok <- member(ctx, node, fn -> "node: #{inspect(node)}" end) do
-      compile_on = fn node, timeout ->
+      compile_on = fn node, _device, timeout ->
         pool_call(ctx, {:compile, mlir, opts, effects, node}, timeout)
       end
 

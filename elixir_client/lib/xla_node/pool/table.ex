@@ -3,16 +3,21 @@ defmodule XlaNode.Pool.Table do
   # The pool's ETS table: what a caller reads to place a run and find the node's executable
   # without asking the pool process, and the counters it updates around the run. The pool
   # process owns the table (it goes when the pool does) and alone writes node status (kept here
-  # only: the pool process reads it back too), programs and executables; callers write only
-  # counters, run times and their runs in flight.
+  # only: the pool process reads it back too), the nodes' devices, programs and executables;
+  # callers write only counters, run times and their runs in flight.
   #
   # Rows (an ordered set, so that the runs of one caller are one range):
   #
   #   {:meta, pool_ref, pool_pid, label, nodes, max_attempts}
   #   {{:node, node}, status, generation, in_flight, runs, errors, failures, retries, recent_us}
+  #   {{:device_names, node}, names}      the devices `:info` lists, in index order
+  #   {{:devices, node}, in_flight_0, runs_0, in_flight_1, runs_1, ...}
+  #                                        their counters, in one row of integers alone so
+  #                                        that placement reads them with one small lookup
   #   {{:program, id}, effects}
   #   {{:exe, id, node}, exe_ref, generation, recent_us}
-  #   {{:run, caller_pid, ref}, node}      a run in flight, settled by the pool if its caller dies
+  #   {{:run, caller_pid, ref}, node, device}  a run in flight (device nil when the node chose
+  #                                            it), settled by the pool if its caller dies
   #   {{:caller, caller_pid}}              a caller the pool monitors
   #
   # `generation` counts a node's comings up: an executable compiled before the node last went
@@ -26,6 +31,12 @@ defmodule XlaNode.Pool.Table do
   @in_flight 4
   @counters %{runs: 5, errors: 6, failures: 7, retries: 8}
   @recent 9
+
+  # Where a device's counters are in its node's devices row (1-based, as update_counter counts).
+  defp device_position(device, :in_flight), do: 2 + 2 * device
+  defp device_position(device, :runs), do: 3 + 2 * device
+
+  defp device_count(row), do: div(tuple_size(row) - 1, 2)
 
   # Weight of the newest sample in the recent run times.
   @recent_weight 0.25
@@ -95,7 +106,67 @@ defmodule XlaNode.Pool.Table do
 
   def delete_node(tab, node) do
     :ets.delete(tab, {:node, node})
+    :ets.delete(tab, {:device_names, node})
+    :ets.delete(tab, {:devices, node})
     delete_executables(tab, node)
+  end
+
+  @doc """
+  Records the devices `node` has (`:info`'s `devices`, names in index order; nil for a node
+  that does not list them). A device the node had before keeps its counters: a node restarted
+  alike continues them.
+  """
+  def put_devices(tab, node, names) do
+    names = if is_list(names), do: names, else: []
+
+    before =
+      case :ets.lookup(tab, {:devices, node}) do
+        [row] -> row |> Tuple.to_list() |> tl()
+        [] -> []
+      end
+
+    counters = Enum.take(before ++ List.duplicate(0, 2 * length(names)), 2 * length(names))
+    :ets.insert(tab, {{:device_names, node}, names})
+    :ets.insert(tab, List.to_tuple([{:devices, node} | counters]))
+    :ok
+  end
+
+  @doc "`[{index, in_flight}]` of `node`'s devices, in index order (`[]` if it lists none)."
+  def device_loads(tab, node) do
+    case :ets.lookup(tab, {:devices, node}) do
+      [row] ->
+        for device <- 0..(device_count(row) - 1)//1,
+            do: {device, max(elem(row, device_position(device, :in_flight) - 1), 0)}
+
+      [] ->
+        []
+    end
+  end
+
+  @doc "`[%{device:, name:, in_flight:, runs:}]` of `node`'s devices, in index order."
+  def device_info(tab, node) do
+    case {:ets.lookup(tab, {:device_names, node}), :ets.lookup(tab, {:devices, node})} do
+      {[{_, names}], [row]} ->
+        for {name, i} <- Enum.with_index(names) do
+          %{
+            device: i,
+            name: name,
+            in_flight: max(elem(row, device_position(i, :in_flight) - 1), 0),
+            runs: elem(row, device_position(i, :runs) - 1)
+          }
+        end
+
+      _ ->
+        []
+    end
+  end
+
+  @doc "The index of the device `name` of `node`, or nil."
+  def device_index(tab, node, name) do
+    case :ets.lookup(tab, {:device_names, node}) do
+      [{_, names}] -> Enum.find_index(names, &(&1 == name))
+      [] -> nil
+    end
   end
 
   def set_status(tab, node, status),
@@ -142,21 +213,45 @@ defmodule XlaNode.Pool.Table do
     ArgumentError -> :ok
   end
 
+  @doc "Counts a run answered with results on `device` of `node` (nil: a device not known)."
+  def count_device_run(_tab, _node, nil), do: :ok
+
+  def count_device_run(tab, node, device), do: add_to_device(tab, node, device, :runs, 1)
+
+  # A device the node does not have (an index the node refuses) has no counter: its position is
+  # past the row's end, which update_counter refuses.
+  defp add_to_device(_tab, _node, nil, _counter, _increment), do: :ok
+
+  defp add_to_device(tab, node, device, counter, increment) do
+    :ets.update_counter(tab, {:devices, node}, {device_position(device, counter), increment})
+    :ok
+  rescue
+    ArgumentError -> :ok
+  end
+
   ## Runs in flight
 
-  @doc "Counts a run of the calling process on `node` as in flight; returns its key."
-  def start_run(tab, node) do
+  @doc """
+  Counts a run of the calling process on `node` (and on its `device`, unless nil: the node
+  chooses) as in flight; returns its key.
+  """
+  def start_run(tab, node, device) do
     key = {:run, self(), make_ref()}
-    :ets.insert(tab, {key, node})
+    :ets.insert(tab, {key, node, device})
     :ets.update_counter(tab, {:node, node}, {@in_flight, 1})
+    add_to_device(tab, node, device, :in_flight, 1)
     key
   end
 
-  @doc "Ends a run started with `start_run/2` (once, whoever ends it: the caller or the pool)."
+  @doc "Ends a run started with `start_run/3` (once, whoever ends it: the caller or the pool)."
   def end_run(tab, key) do
     case :ets.take(tab, key) do
-      [{^key, node}] -> :ets.update_counter(tab, {:node, node}, {@in_flight, -1})
-      [] -> :ok
+      [{^key, node, device}] ->
+        :ets.update_counter(tab, {:node, node}, {@in_flight, -1})
+        add_to_device(tab, node, device, :in_flight, -1)
+
+      [] ->
+        :ok
     end
   rescue
     # The pool stopped meanwhile, and its table with it.
@@ -165,7 +260,7 @@ defmodule XlaNode.Pool.Table do
 
   @doc "Ends every run of `caller` (which died)."
   def end_runs_of(tab, caller) do
-    for [key] <- :ets.match(tab, {{:run, caller, :"$1"}, :_}) do
+    for [key] <- :ets.match(tab, {{:run, caller, :"$1"}, :_, :_}) do
       end_run(tab, {:run, caller, key})
     end
 
@@ -175,7 +270,7 @@ defmodule XlaNode.Pool.Table do
   @doc "Whether the pool watches the calling process already; marks it watched if not."
   def new_caller?(tab), do: :ets.insert_new(tab, {{:caller, self()}})
 
-  def in_flight(tab), do: :ets.select_count(tab, [{{{:run, :_, :_}, :_}, [], [true]}])
+  def in_flight(tab), do: :ets.select_count(tab, [{{{:run, :_, :_}, :_, :_}, [], [true]}])
 
   ## Programs and executables
 

@@ -76,13 +76,17 @@ defmodule XlaNode.Backend.Transfer do
     end
   end
 
-  @doc "Frees the tensor's buffer: `:ok`, or `:already_deallocated` when the node has not got it."
+  @doc """
+  Frees the tensor's buffer with this process's next request to a node (`XlaNode.free_later/1`:
+  no message of its own, no answer to wait for): `:ok`, or `:already_deallocated` when it is
+  to be freed already.
+  """
   def free(%Nx.Tensor{data: %Backend{buffer: {:inline, _}}}), do: :ok
 
-  def free(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}) do
-    case XlaNode.free(node, buffer) do
+  def free(%Nx.Tensor{data: %Backend{buffer: buffer}}) do
+    case XlaNode.free_later(buffer) do
       :ok -> :ok
-      {:error, _} -> :already_deallocated
+      :already_noted -> :already_deallocated
     end
   end
 

@@ -47,7 +47,9 @@ defmodule XlaNode.Compiler.Cache do
 
   @doc """
   Compiles `text` on `node` and stores `%{exe: exe}` merged with `extra` under `key`; returns
-  the entry, or raises the compile error. `compile_opts` go to `XlaNode.compile/3`. Callers
+  the entry, or raises the compile error. `compile_opts` go to `XlaNode.compile/3`, but for
+  `describe: true`, which adds the node's `XlaNode.describe/3` of the executable to the entry
+  as `:description` (an SPMD program's result shapes are the partitioner's choice). Callers
   asking for the same key while it compiles wait for that one compile; other keys compile at the
   same time.
   """
@@ -109,8 +111,8 @@ defmodule XlaNode.Compiler.Cache do
     {{key, node, extra, waiting}, compiling} = Map.pop(state.compiling, owner)
 
     reply =
-      with {:ok, exe} <- result do
-        entry = Map.put(extra, :exe, exe)
+      with {:ok, compiled} <- result do
+        entry = Map.merge(extra, compiled)
         :ets.insert(@table, [{key, entry}, {{:owner, owner}, key, node}])
         {:ok, entry}
       end
@@ -149,12 +151,25 @@ defmodule XlaNode.Compiler.Cache do
 
   def handle_info({:nodeup, _node, _info}, state), do: {:noreply, state}
 
+  defp described(node, exe) do
+    case XlaNode.describe(node, exe) do
+      {:ok, description} -> {:ok, %{exe: exe, description: description}}
+      {:error, _} = error -> error
+    end
+  end
+
   # A program's owner: compiles it, reports, and holds it until its node goes.
   defp own(cache, node, text, compile_opts) do
-    result = XlaNode.compile(node, text, compile_opts)
+    {describe?, compile_opts} = Keyword.pop(compile_opts, :describe, false)
+
+    result =
+      with {:ok, exe} <- XlaNode.compile(node, text, compile_opts) do
+        if describe?, do: described(node, exe), else: {:ok, %{exe: exe}}
+      end
+
     send(cache, {:compiled, self(), result})
 
-    with {:ok, _exe} <- result do
+    with {:ok, _compiled} <- result do
       receive do
         :drop -> :ok
       end

@@ -25,25 +25,51 @@ defmodule XlaNode.Compiler.Lower do
   expression does not use it) is left out of `main`'s arguments. `target` (`%{node: node,
   platform: platform}`) is what `XlaNode.Compiler.CustomCall` implementations are told of the
   node the program is for.
+
+  Options, for an SPMD program (`XlaNode.Compiler.Shard`): `:parameter_attributes`, one entry
+  per parameter as `parameters` gives them (`nil` or `[{name, attribute text}]`, such as its
+  `mhlo.sharding`), and `:module_attributes` (`[{name, attribute text}]`).
   """
-  def module(parameters, outputs, target \\ %{node: nil, platform: "cpu"}) do
+  def module(parameters, outputs, target \\ %{node: nil, platform: "cpu"}, opts \\ []) do
     calls_back = Enum.any?(outputs, &calls_back?/1)
     # Vectorized parameters come in devectorized, as the expression uses them.
     param_types = for p <- parameters, p != nil, do: type_of(Nx.devectorize(p))
     arg_types = if calls_back, do: [{{:u, 8}, [8]} | param_types], else: param_types
+
+    function_opts =
+      case Keyword.fetch(opts, :parameter_attributes) do
+        {:ok, attributes} ->
+          used = for {p, a} <- Enum.zip(parameters, attributes), p != nil, do: a
+          [arg_attributes: if(calls_back, do: [nil | used], else: used)]
+
+        :error ->
+          []
+      end
+
+    module_opts =
+      Keyword.take(opts, [:module_attributes]) |> Enum.map(fn {_, a} -> {:attributes, a} end)
+
     Process.put(:xla_node_lower_callbacks, %{})
 
     try do
       text =
-        M.module(fn ->
-          M.function("main", arg_types, fn args ->
-            {handle, args} = if calls_back, do: {hd(args), tl(args)}, else: {nil, args}
-            params = by_position(parameters, args)
-            state = %{params: params, handle: handle, loop: %{}, cache: %{}, target: target}
-            {values, _state} = lower_all(outputs, state)
-            values
-          end)
-        end)
+        M.module(
+          fn ->
+            M.function(
+              "main",
+              arg_types,
+              fn args ->
+                {handle, args} = if calls_back, do: {hd(args), tl(args)}, else: {nil, args}
+                params = by_position(parameters, args)
+                state = %{params: params, handle: handle, loop: %{}, cache: %{}, target: target}
+                {values, _state} = lower_all(outputs, state)
+                values
+              end,
+              function_opts
+            )
+          end,
+          module_opts
+        )
 
       %{text: text, callbacks: Process.get(:xla_node_lower_callbacks)}
     after

@@ -283,9 +283,11 @@ defmodule XlaNode.Compiler.Program do
   defp telemetry_metadata({key, _arguments, _node}),
     do: %{compiler: XlaNode.Compiler, key: key}
 
-  # The traced expression, devectorized for lowering, and the templates of the result: its
-  # structure with each tensor's template, then each devectorized output's template.
-  defp outputs(vars, fun) do
+  @doc """
+  The traced expression, devectorized for lowering, and the templates of the result: its
+  structure with each tensor's template, then each devectorized output's template.
+  """
+  def outputs(vars, fun) do
     output = fun.(vars)
 
     {devectorized, templates} =
@@ -313,20 +315,26 @@ defmodule XlaNode.Compiler.Program do
     end
   end
 
-  # Which results a run keeps on the node when its tensors are to be `XlaNode.Backend`'s (`keep?`):
-  # all, or with `inline?` all but the small ones (`Transfer.inline?/1`), which come back in the
-  # run's reply and stay here, so that reading a loss needs no request of its own.
-  defp kept_results(false, _inline?, _outputs), do: false
-  defp kept_results(true, false, _outputs), do: true
+  @doc """
+  Which results a run keeps on the node when its tensors are to be `XlaNode.Backend`'s (`keep?`):
+  all, or with `inline?` all but the small ones (`Transfer.inline?/1`), which come back in the
+  run's reply and stay here, so that reading a loss needs no request of its own. `outputs` are
+  `{structure, templates}`, the templates of the results as the node gives them.
+  """
+  def kept_results(false, _inline?, _outputs), do: false
+  def kept_results(true, false, _outputs), do: true
 
-  defp kept_results(true, true, {_structure, templates}) do
+  def kept_results(true, true, {_structure, templates}) do
     kept = for {t, i} <- Enum.with_index(templates), not Transfer.inline?(t), do: i
     if length(kept) == length(templates), do: true, else: kept
   end
 
-  # Results come as tensors (inline `XlaNode.Backend` ones where the rest stay on the node),
-  # or as buffers.
-  defp from_client(results, {structure, templates}, node, inline?) do
+  @doc """
+  A run's results (tensors, inline `XlaNode.Backend` ones where the rest stay on the node, or
+  buffers) as the output container: `structure` with each tensor made from the template at its
+  place in `templates`.
+  """
+  def from_client(results, {structure, templates}, node, inline?) do
     tensors =
       Enum.zip_with(results, templates, fn
         {data, _}, template when inline? ->

@@ -1,0 +1,11 @@
+defmodule XlaNode.Application do
+  @moduledoc false
+  # Starts what the client keeps running: the server that sends the frees a process noted with
+  # `XlaNode.free_later/1` once it exits or falls idle (`XlaNode.Frees`).
+  use Application
+
+  @impl true
+  def start(_type, _args) do
+    Supervisor.start_link([XlaNode.Frees], strategy: :one_for_one, name: XlaNode.Supervisor)
+  end
+end

@@ -1,0 +1,74 @@
+//! `{:describe, exe}`: what an executable takes and gives, `{:ok, %{parameters: [{type, dims}],
+//! results: [{type, dims}], devices: [i, ...]}}`. For an SPMD program (compiled with `devices:`)
+//! the types are each device's shard, as its runs take and give them, and `devices` its
+//! devices in partition order; a single-device program has `devices: []` (it runs on any).
+//!
+//! A client that leaves the partitioner to split an SPMD program's results learns their shapes
+//! here, before any run, and can describe the buffers a run keeps on the devices.
+
+use super::error::RequestError;
+use super::parse::{reference, Elements};
+use super::state::State;
+use crate::node::term::{atom, int, list};
+use crate::tensor_term::shape_term;
+use crate::xla::TensorSpec;
+use eetf::{Map, Reference, Term};
+use std::collections::HashMap;
+
+/// `{:describe, exe}`, parsed.
+#[derive(Debug)]
+pub struct DescribeRequest {
+    executable: Reference,
+}
+
+impl DescribeRequest {
+    pub fn parse(elements: &mut Elements) -> Result<DescribeRequest, RequestError> {
+        Ok(DescribeRequest {
+            executable: reference(elements.required())?,
+        })
+    }
+
+    /// Answered here: the executable knows its types since its compile.
+    pub fn apply(self, state: &State) -> Result<Term, RequestError> {
+        let program = state.lookup_program(&self.executable)?;
+        let exe = &program.exe;
+        let devices = exe
+            .partition_devices()
+            .iter()
+            .map(|&d| int(d as i64))
+            .collect();
+        Ok(description(exe.parameters(), exe.outputs(), list(devices)))
+    }
+}
+
+fn description(parameters: &[TensorSpec], results: &[TensorSpec], devices: Term) -> Term {
+    let shapes =
+        |specs: &[TensorSpec]| list(specs.iter().map(|s| shape_term(s.dtype, &s.dims)).collect());
+    let entries: HashMap<Term, Term> = [
+        (atom("parameters"), shapes(parameters)),
+        (atom("results"), shapes(results)),
+        (atom("devices"), devices),
+    ]
+    .into_iter()
+    .collect();
+    Term::from(Map::from(entries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xla::DType;
+
+    #[test]
+    fn describes_types_as_run_arguments_are_written() {
+        let term = description(
+            &[TensorSpec::new(DType::F32, vec![2, 3])],
+            &[TensorSpec::new(DType::F32, vec![2])],
+            list(vec![int(0), int(1)]),
+        );
+        let text = term.to_string();
+        assert!(text.contains("parameters"), "{text}");
+        assert!(text.contains("[2, 3]") || text.contains("[2,3]"), "{text}");
+        assert!(text.contains("devices"), "{text}");
+    }
+}
