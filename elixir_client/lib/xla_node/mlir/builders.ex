@@ -7,12 +7,17 @@ defmodule XlaNode.MLIR.Builders do
   # function of an op without operands (a constant, an iota) or of a region's block arguments,
   # the module `function/4` adds to, and which error an op outside its function raises.
   #
-  # A public ETS table keyed by pid, which a process of its own keeps for the life of the VM:
-  # a process building a module may end at any time, and the table must outlive it. A process
-  # killed while it builds leaves its row behind; the keeper drops such rows now and then.
+  # A public ETS table keyed by pid, kept by this server in the client's application (the
+  # table must outlive any process building a module, which may end at any time). A process
+  # killed while it builds leaves its row behind; the server drops such rows now and then.
+
+  use GenServer
 
   @table __MODULE__
   @sweep_every :timer.minutes(1)
+
+  @doc false
+  def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
   @doc """
   Notes that the calling process builds `module`; raises `ArgumentError` if it builds one
@@ -60,47 +65,29 @@ defmodule XlaNode.MLIR.Builders do
     ArgumentError -> []
   end
 
+  # Where the application is not started yet (a script putting the client on its code path),
+  # building starts it.
   defp table do
-    if :ets.whereis(@table) == :undefined, do: start_keeper()
+    if :ets.whereis(@table) == :undefined,
+      do: {:ok, _} = Application.ensure_all_started(:xla_node_client)
+
     @table
   end
 
-  # The table's owner: a process that only keeps it. Two processes may start one at once; the
-  # one that does not create the table ends.
-  defp start_keeper do
-    caller = self()
-
-    {keeper, monitor} =
-      spawn_monitor(fn ->
-        try do
-          :ets.new(@table, [
-            :named_table,
-            :public,
-            read_concurrency: true,
-            write_concurrency: true
-          ])
-        rescue
-          # Another keeper created it first.
-          ArgumentError -> exit(:normal)
-        end
-
-        send(caller, {@table, self()})
-        keep()
-      end)
-
-    receive do
-      {@table, ^keeper} -> Process.demonitor(monitor, [:flush])
-      {:DOWN, ^monitor, :process, ^keeper, _already_created} -> :ok
-    end
+  @impl true
+  def init(_opts) do
+    :ets.new(@table, [:named_table, :public, read_concurrency: true, write_concurrency: true])
+    Process.send_after(self(), :sweep, @sweep_every)
+    {:ok, nil}
   end
 
-  defp keep do
-    Process.sleep(@sweep_every)
-
+  @impl true
+  def handle_info(:sweep, state) do
     for {pid, _module, _function} <- :ets.tab2list(@table),
         not Process.alive?(pid),
         do: :ets.delete(@table, pid)
 
-    keep()
+    Process.send_after(self(), :sweep, @sweep_every)
+    {:noreply, state}
   end
 end
