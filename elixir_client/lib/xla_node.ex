@@ -164,10 +164,9 @@ defmodule XlaNode do
 
     * `:device` - the device to run on, an index into `info/2`'s `devices` (default: the device
       of the buffers among `args`, else 0; through an `XlaNode.Pool`, else the device the pool
-      chooses). Tensors among `args` are copied there; a buffer on
-      another device is refused with an `XlaNode.Error` of kind `:argument_error` that names
-      both devices (the node never moves buffers between devices). Results kept on the device
-      stay on the run's device
+      chooses). Tensors among `args` are copied there; a buffer on another device is refused
+      with an `XlaNode.Error` of kind `:argument_error` that names both devices (the node never
+      moves buffers between devices). Results kept on the device stay on the run's device
     * `:keep_on_device` - `true`: leave every result on the device and return buffers; a list
       of result indices (distinct, from 0): keep those, return the others as tensors, in the same
       reply (a training step's new parameters stay, its loss comes back); `false` (the default):
@@ -347,9 +346,9 @@ defmodule XlaNode do
   Frees an executable or a buffer with no message of its own: the free goes to its node with
   this process's next request (any function of this module, in one `{:free, refs}` cast with
   every other free noted meanwhile, sent just before the request), or about a millisecond
-  later if it sends none by then, or when this process exits. For code that frees tensor by tensor, as
-  `Nx.backend_deallocate/1` does, where `free_all/1` cannot gather them: freeing a step's old
-  params this way costs the step one message, however many there are.
+  later if it sends none by then, or when this process exits. For code that frees tensor by
+  tensor, as `Nx.backend_deallocate/1` does, where `free_all/1` cannot gather them: freeing a
+  step's old params this way costs the step one message, however many there are.
 
   Returns `:ok`, or `:already_noted` when this process noted `ref` already (among the last
   1024 it noted). As with `free_all/1`, a reference the node has not got is skipped. Another
