@@ -412,23 +412,25 @@ defmodule XlaNode do
   dims}], devices: [i, ...]}}`. For a program compiled with `devices:` (see `compile/3`) the
   types are each device's shard, as `run/4` takes and returns them (the partitioner splits the
   results whose sharding the module leaves open), and `devices` lists its devices in order; a
-  single-device program has `devices: []`. Not with an `XlaNode.Pool`, whose executables live
-  on several nodes.
+  single-device program has `devices: []`. Of a buffer: `{:ok, %{shape: {type, dims}, device:
+  n}}`, `n` the index in `info/2`'s `devices` of the device it lives on. Not with an
+  `XlaNode.Pool`, whose executables live on several nodes.
 
   Options: `:timeout` (default `60_000`).
 
       {:ok, exe} = XlaNode.compile(:"xla@host", mlir, devices: [0, 1])
       {:ok, %{results: [{{:f, 32}, [2, 2]}], devices: [0, 1]}} = XlaNode.describe(:"xla@host", exe)
+      {:ok, %{shape: {{:f, 32}, [4]}, device: 2}} = XlaNode.describe(:"xla@host", buf_on_2)
   """
-  @spec describe(server(), executable(), keyword()) :: {:ok, map()} | error()
-  def describe(server, exe, opts \\ []) do
+  @spec describe(server(), executable() | buffer(), keyword()) :: {:ok, map()} | error()
+  def describe(server, ref, opts \\ []) do
     timeout = timeout!(opts, "XlaNode.describe/3")
 
     if XlaNode.Pool.pool?(server) do
       raise ArgumentError, "XlaNode.describe/3 takes a node, not an XlaNode.Pool"
     end
 
-    call(server, {:describe, exe}, timeout)
+    call(server, {:describe, ref}, timeout)
   end
 
   @doc """

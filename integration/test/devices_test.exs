@@ -296,6 +296,10 @@ defmodule XlaNode.DevicesTest do
 
       assert {:error, {:argument_error, message}} = call(node, {:describe, make_ref()})
       assert message =~ "unknown or freed reference"
+
+      # A buffer: its shape and the device it lives on.
+      {:ok, on_3} = call(node, {:to_device, Tensor.from_list([1.0, 2.0], {:f, 32}), [device: 3]})
+      assert {:ok, %{shape: {{:f, 32}, [2]}, device: 3}} = call(node, {:describe, on_3})
     end
   end
 end

@@ -205,11 +205,23 @@ defmodule XlaNode.ReadmeRequestsTest do
     assert hits_after == hits + 1
   end
 
-  test "{:describe, exe} gives what a run takes and gives", %{node: node} do
+  test "{:describe, exe} gives what a run takes and gives; {:describe, buffer} its shape and device",
+       %{node: node} do
     {:ok, exe} = call(node, {:compile, @add_one})
 
     assert {:ok, %{parameters: [@f32x4], results: [@f32x4], devices: []}} =
              call(node, {:describe, exe})
+
+    x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, @f32x4}
+    {:ok, buffer} = call(node, {:to_device, x})
+    assert {:ok, %{shape: @f32x4, device: 0}} = call(node, {:describe, buffer})
+    assert {:ok, %{shape: @f32x4, device: 0}} = XlaNode.describe(node.name, buffer)
+    call(node, {:free, buffer})
+
+    # An upload not yet done is not a buffer yet: the request says so.
+    {:ok, upload} = call(node, {:upload, @f32x4})
+    assert {:error, {:argument_error, message}} = call(node, {:describe, upload})
+    assert message =~ "is an upload not yet done"
   end
 
   test "{:run, exe, args}: one result per output leaf, in order", %{node: node} do

@@ -2,12 +2,15 @@
 //! results: [{type, dims}], devices: [i, ...]}}`. For an SPMD program (compiled with `devices:`)
 //! the types are each device's shard, as its runs take and give them, and `devices` its
 //! devices in partition order; a single-device program has `devices: []` (it runs on any).
+//! `{:describe, buffer}`: `{:ok, %{shape: {type, dims}, device: n}}`, where it lives.
 //!
 //! A client that leaves the partitioner to split an SPMD program's results learns their shapes
-//! here, before any run, and can describe the buffers a run keeps on the devices.
+//! here, before any run, and can describe the buffers a run keeps on the devices; one that
+//! placed buffers on several devices learns which is where.
 
 use super::error::RequestError;
 use super::parse::{reference, Elements};
+use super::resources::Resource;
 use super::state::State;
 use crate::node::term::{atom, int, list};
 use crate::tensor_term::shape_term;
@@ -15,30 +18,44 @@ use crate::xla::TensorSpec;
 use eetf::{Map, Reference, Term};
 use std::collections::HashMap;
 
-/// `{:describe, exe}`, parsed.
+/// `{:describe, exe_or_buffer}`, parsed.
 #[derive(Debug)]
 pub struct DescribeRequest {
-    executable: Reference,
+    reference: Reference,
 }
 
 impl DescribeRequest {
     pub fn parse(elements: &mut Elements) -> Result<DescribeRequest, RequestError> {
         Ok(DescribeRequest {
-            executable: reference(elements.required())?,
+            reference: reference(elements.required())?,
         })
     }
 
-    /// Answered here: the executable knows its types since its compile.
+    /// Answered here: an executable knows its types since its compile, a buffer its own.
     pub fn apply(self, state: &State) -> Result<Term, RequestError> {
-        let program = state.lookup_program(&self.executable)?;
-        let exe = &program.exe;
-        let devices = exe
-            .partition_devices()
-            .iter()
-            .map(|&d| int(d as i64))
-            .collect();
-        Ok(description(exe.parameters(), exe.outputs(), list(devices)))
+        if let Resource::Executable(program) = state.lookup(&self.reference)? {
+            let exe = &program.exe;
+            let devices = exe
+                .partition_devices()
+                .iter()
+                .map(|&d| int(d as i64))
+                .collect();
+            return Ok(description(exe.parameters(), exe.outputs(), list(devices)));
+        }
+        // A buffer; an upload not yet done is refused with what it is.
+        let buffer = state.lookup_buffer(&self.reference)?;
+        Ok(buffer_description(buffer.spec(), buffer.device()))
     }
+}
+
+fn buffer_description(spec: &TensorSpec, device: usize) -> Term {
+    let entries: HashMap<Term, Term> = [
+        (atom("shape"), shape_term(spec.dtype, &spec.dims)),
+        (atom("device"), int(device as i64)),
+    ]
+    .into_iter()
+    .collect();
+    Term::from(Map::from(entries))
 }
 
 fn description(parameters: &[TensorSpec], results: &[TensorSpec], devices: Term) -> Term {
@@ -70,5 +87,12 @@ mod tests {
         assert!(text.contains("parameters"), "{text}");
         assert!(text.contains("[2, 3]") || text.contains("[2,3]"), "{text}");
         assert!(text.contains("devices"), "{text}");
+    }
+
+    #[test]
+    fn describes_a_buffer_by_its_shape_and_device() {
+        let text = buffer_description(&TensorSpec::new(DType::F32, vec![4]), 2).to_string();
+        assert!(text.contains("shape") && text.contains("device"), "{text}");
+        assert!(text.contains("[4]") && text.contains('2'), "{text}");
     }
 }

@@ -7,7 +7,7 @@
 //! | `:ping`, `{:echo, term}`, `:spawn_echo` | here (`echo.rs`: the process `:spawn_echo` starts) |
 //! | `:info` | `info.rs` |
 //! | `{:compile, mlir}`, `{:compile, mlir, opts}` | `compile.rs` |
-//! | `{:describe, exe}` | `describe.rs` |
+//! | `{:describe, exe_or_buffer}` | `describe.rs` |
 //! | `{:run, exe, args}`, `{:run, exe, args, opts}` | `run.rs` |
 //! | `{:to_device, tensor}`, `{:to_device, tensor, opts}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
 //! | `{:upload, {type, dims}}`, `{:upload, {type, dims}, opts}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
@@ -47,7 +47,7 @@ pub enum Request {
     Info,
     /// `{:compile, mlir}` / `{:compile, mlir, opts}`.
     Compile(CompileRequest),
-    /// `{:describe, exe}`.
+    /// `{:describe, exe_or_buffer}`.
     Describe(DescribeRequest),
     /// `{:run, exe, args}` / `{:run, exe, args, opts}`.
     Run(RunRequest),

@@ -122,7 +122,8 @@ impl State {
         reference
     }
 
-    fn lookup(&self, reference: &Reference) -> Result<Resource, RequestError> {
+    /// What `reference` names: an executable, a buffer or an upload.
+    pub fn lookup(&self, reference: &Reference) -> Result<Resource, RequestError> {
         self.resources
             .get(reference)
             .ok_or_else(|| unknown_reference(reference.clone()))

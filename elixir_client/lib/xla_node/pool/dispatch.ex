@@ -157,7 +157,7 @@ defmodule XlaNode.Pool.Dispatch do
         else: node_opts
 
     started = System.monotonic_time(:microsecond)
-    {result, copies} = run_on(ctx, plan, node, exe, node_opts, plan.args, [])
+    {result, copies} = run_on(plan, node, exe, node_opts, plan.args)
     if copies != [], do: XlaNode.free_all(copies)
 
     elapsed = System.monotonic_time(:microsecond) - started
@@ -184,22 +184,25 @@ defmodule XlaNode.Pool.Dispatch do
 
   # The node refuses a run whose buffers are on two of its devices. The pool put them there when
   # the caller named no device (a tensor placed through the pool, the results of runs it
-  # placed), so the pool makes them meet: each buffer the node names as misplaced is copied to
-  # the run's device (read, then placed, in chunks where large), as XlaNode.Backend sends a
-  # tensor of another node along, and the run is sent again. Returns the run's result and the
-  # copies, for the caller to free once it is answered.
-  defp run_on(ctx, plan, node, exe, node_opts, args, copies) do
+  # placed), so the pool makes them meet: on such a refusal it asks the node where each buffer
+  # argument lives (`{:describe, buffer}`), copies those off the first one's device there (read,
+  # then placed, in chunks where large), as XlaNode.Backend sends a tensor of another node
+  # along, and sends the run again on that device. Returns the run's result and the copies, for
+  # the caller to free once it is answered.
+  defp run_on(plan, node, exe, node_opts, args) do
     request = if node_opts == [], do: {:run, exe, args}, else: {:run, exe, args, node_opts}
     result = XlaNode.call_node(node, request, remaining(plan.deadline))
 
-    with {:error, %Error{kind: :argument_error, message: message}} <- result,
+    with {:error, %Error{kind: :argument_error}} <- result,
          true <- pool_placed_buffers?(plan),
-         {:ok, ref, device} <- misplaced(ctx, node, args, copies, message),
-         {:ok, copy} <- copy_to_device(node, ref, device, plan.deadline) do
-      args = Enum.map(args, fn arg -> if arg == ref, do: copy, else: arg end)
-      run_on(ctx, plan, node, exe, node_opts, args, [copy | copies])
+         {:ok, [{_, device} | _] = placed} <- buffer_devices(node, args, plan.deadline),
+         true <- Enum.any?(placed, fn {_ref, on} -> on != device end),
+         {:ok, moved} <- copy_misplaced(node, placed, device, plan.deadline) do
+      args = Enum.map(args, &Map.get(moved, &1, &1))
+      request = {:run, exe, args, Keyword.put(node_opts, :device, device)}
+      {XlaNode.call_node(node, request, remaining(plan.deadline)), Map.values(moved)}
     else
-      _ -> {result, copies}
+      _ -> {result, []}
     end
   end
 
@@ -207,19 +210,40 @@ defmodule XlaNode.Pool.Dispatch do
     do:
       match?({_node, {:buffer, _, _}}, plan.pin) and not Keyword.has_key?(plan.node_opts, :device)
 
-  # The node's refusal (src/xla/run.rs), when the run's device is where another buffer is;
-  # integration/test/pool_devices_test.exs holds the two to the same wording.
-  @misplaced ~r/^argument (\d+) is on device \S+, but the run is on device (\S+) \(where argument \d+ is\)/
-
-  defp misplaced(ctx, node, args, copies, message) do
-    with [_, index, run_device] <- Regex.run(@misplaced, message),
-         ref when is_reference(ref) <- Enum.at(args, String.to_integer(index)),
-         false <- ref in copies,
-         device when is_integer(device) <- Table.device_index(ctx.tab, node, run_device) do
-      {:ok, ref, device}
-    else
-      _ -> :error
+  # `{buffer, device}` for each distinct buffer among `args`, in order.
+  defp buffer_devices(node, args, deadline) do
+    args
+    |> Enum.filter(&is_reference/1)
+    |> Enum.uniq()
+    |> Enum.reduce_while({:ok, []}, fn ref, {:ok, acc} ->
+      case XlaNode.call_node(node, {:describe, ref}, remaining(deadline)) do
+        {:ok, %{device: device}} -> {:cont, {:ok, [{ref, device} | acc]}}
+        _ -> {:halt, :error}
+      end
+    end)
+    |> case do
+      {:ok, placed} -> {:ok, Enum.reverse(placed)}
+      :error -> :error
     end
+  end
+
+  # Copies of the buffers not on `device`, there: `%{buffer => copy}`. A failed copy frees those
+  # made before it.
+  defp copy_misplaced(node, placed, device, deadline) do
+    Enum.reduce_while(placed, {:ok, %{}}, fn
+      {_ref, ^device}, acc ->
+        {:cont, acc}
+
+      {ref, _elsewhere}, {:ok, moved} ->
+        case copy_to_device(node, ref, device, deadline) do
+          {:ok, copy} ->
+            {:cont, {:ok, Map.put(moved, ref, copy)}}
+
+          _ ->
+            XlaNode.free_all(Map.values(moved))
+            {:halt, :error}
+        end
+    end)
   end
 
   defp copy_to_device(node, ref, device, deadline) do

@@ -161,14 +161,6 @@ defmodule XlaNode.Pool.Table do
     end
   end
 
-  @doc "The index of the device `name` of `node`, or nil."
-  def device_index(tab, node, name) do
-    case :ets.lookup(tab, {:device_names, node}) do
-      [{_, names}] -> Enum.find_index(names, &(&1 == name))
-      [] -> nil
-    end
-  end
-
   def set_status(tab, node, status),
     do: :ets.update_element(tab, {:node, node}, {@status, status})
 
