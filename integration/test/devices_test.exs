@@ -4,7 +4,9 @@ defmodule XlaNode.DevicesTest do
   `{:upload, shape, [device: n]}`), runs on the device of their buffers or the one `device: n`
   names, results left where the run was, `:info`'s per-device run counts, and the refusals: a
   device index out of range, buffers on two devices, a buffer on another device than the run's.
-  Through raw `GenServer.call`s, then through `XlaNode.to_device/3` and `XlaNode.run/4`.
+  Through raw `GenServer.call`s, then through `XlaNode.to_device/3` and `XlaNode.run/4`. SPMD
+  programs compiled over several devices, written by hand and as `jax.jit` exports them over a
+  mesh (real JAX 0.8.1, the one `scripts/kernels.sh` installs, as the counterpart).
 
   The node starts with four CPU devices (the CPU plugin's `cpu_device_count`).
   """
@@ -185,7 +187,106 @@ defmodule XlaNode.DevicesTest do
     end
   end
 
+  defp f32_list(binary), do: for(<<v::float-32-little <- binary>>, do: v)
+
+  # Device `d`'s coordinates on a mesh of `shape`, row-major.
+  defp mesh_coords(d, shape) do
+    shape
+    |> Enum.reverse()
+    |> Enum.map_reduce(d, fn size, rest -> {rem(rest, size), div(rest, size)} end)
+    |> elem(0)
+    |> Enum.reverse()
+  end
+
+  # The block at `at` (block coordinates per dimension) of a row-major f32 array of `dims`
+  # split into `blocks` per dimension.
+  defp block(data, dims, blocks, at) do
+    shard = Enum.zip_with(dims, blocks, &div/2)
+    values = List.to_tuple(f32_list(data))
+    strides = dims |> Enum.reverse() |> Enum.scan(&(&1 * &2)) |> Enum.reverse() |> tl() |> Kernel.++([1])
+
+    for index <- indices(shard), into: <<>> do
+      offset =
+        [index, at, shard, strides]
+        |> Enum.zip_with(fn [i, a, s, stride] -> (a * s + i) * stride end)
+        |> Enum.sum()
+
+      <<elem(values, offset)::float-32-little>>
+    end
+  end
+
+  defp indices([]), do: [[]]
+  defp indices([n | rest]), do: for(i <- 0..(n - 1), tail <- indices(rest), do: [i | tail])
+
   describe "one SPMD program over several devices" do
+    # What JAX 0.8.1 exports for `jax.jit(layer, in_shardings=...)` over 4 CPU devices
+    # (integration/jax/sharded_export.py: Shardy's `sdy.mesh` and `sdy.sharding`, as JAX writes
+    # them today), compiled over the node's 4 devices and run with each device's shards, against
+    # JAX's own result of the same program. `splits` says, for each argument, which mesh axis
+    # each of its dimensions is split over (nil: whole), as the script's shardings do.
+    for {name, splits} <- [batch: [[0, nil], [nil, nil]], grid: [[0, nil], [nil, 1]]] do
+      test "a module jax.jit exported over a mesh (#{name}) gives JAX's result", %{node: node} do
+        out = Path.join(System.tmp_dir!(), "xn_sharded_#{System.unique_integer([:positive])}")
+        on_exit(fn -> File.rm_rf(out) end)
+        script = Path.expand("../jax/sharded_export.py", __DIR__)
+
+        {log, status} =
+          System.cmd("python3", [script, "--out", out],
+            env: [{"PYTHONPATH", Harness.jax_path()}, {"JAX_PLATFORMS", "cpu"}],
+            stderr_to_stdout: true
+          )
+
+        assert status == 0, "the JAX export script failed:\n#{log}"
+        dir = Path.join(out, "#{unquote(name)}")
+        {:ok, meta} = :file.consult(String.to_charlist(Path.join(dir, "meta.terms")))
+        [mesh] = for {:mesh, mesh} <- meta, do: mesh
+        arg_dims = for {:arg, :f32, dims} <- meta, do: dims
+        [result_dims] = for {:result, :f32, dims} <- meta, do: dims
+        args = for i <- 0..(length(arg_dims) - 1), do: File.read!(Path.join(dir, "arg_#{i}.bin"))
+        expected = f32_list(File.read!(Path.join(dir, "result.bin")))
+
+        {:ok, exe} = call(node, {:compile, File.read!(Path.join(dir, "module.mlir")), [devices: [0, 1, 2, 3]]})
+        {:ok, %{results: [{{:f, 32}, shard_dims}]}} = call(node, {:describe, exe})
+        coords = for d <- 0..3, do: mesh_coords(d, mesh)
+
+        lists =
+          for c <- coords do
+            for {data, dims, split} <- Enum.zip([args, arg_dims, unquote(splits)]) do
+              blocks = Enum.map(split, fn axis -> if axis, do: Enum.at(mesh, axis), else: 1 end)
+              at = Enum.map(split, fn axis -> if axis, do: Enum.at(c, axis), else: 0 end)
+              {block(data, dims, blocks, at), {{:f, 32}, Enum.zip_with(dims, blocks, &div/2)}}
+            end
+          end
+
+        assert {:ok, results} = call(node, {:run, exe, lists})
+
+        # Each device's result is the block of JAX's whole result at its place on the mesh: the
+        # dimensions split (whole / shard) take the mesh's axes in order.
+        blocks = Enum.zip_with(result_dims, shard_dims, &div/2)
+        split_dims = for {b, i} <- Enum.with_index(blocks), b > 1, do: i
+        whole = for(v <- expected, into: <<>>, do: <<v::float-32-little>>)
+
+        assert length(results) == 4
+
+        for {[{data, {{:f, 32}, dims}}], c} <- Enum.zip(results, coords) do
+          assert dims == shard_dims
+          at =
+            for i <- 0..(length(blocks) - 1) do
+              case Enum.find_index(split_dims, &(&1 == i)) do
+                nil -> 0
+                axis -> Enum.at(c, axis)
+              end
+            end
+
+          got = f32_list(data)
+          want = f32_list(block(whole, result_dims, blocks, at))
+
+          assert length(got) == length(want) and length(got) > 0 and Enum.all?(Enum.zip(got, want), fn {g, w} -> abs(g - w) <= 1.0e-5 end),
+                 "device at #{inspect(c)}: got #{inspect(got)}, JAX gives #{inspect(want)}"
+        end
+      end
+    end
+
     test "compiled for devices 1 and 3, it runs with one argument list per device",
          %{node: node} do
       assert {:ok, exe} = call(node, {:compile, @spmd_layer, [devices: [1, 3]]})
