@@ -491,18 +491,11 @@ impl Executable {
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
         let api = self.client.inner().api();
-        let direct = self.outputs_direct.get();
         let Launched {
             outputs,
             missing,
             complete,
-        } = self.launch(
-            &[args],
-            &[device],
-            true,
-            direct.map(Vec::as_slice),
-            launched,
-        )?;
+        } = self.launch(&[args], &[device], launched)?;
         let [complete] = complete[..] else {
             unreachable!("one completion event per argument list")
         };
@@ -533,7 +526,8 @@ impl Executable {
             }
             b.mark_ready();
         }
-        if is_cpu && direct.is_none() {
+        if is_cpu {
+            // Known from here on; set once (by the first run to get here).
             self.outputs_direct
                 .get_or_init(|| outputs.iter().map(Buffer::is_direct).collect());
         }
@@ -545,16 +539,16 @@ impl Executable {
     /// partitions in order), each borrowed for the call. Returns each list's outputs in turn,
     /// taken into [`Buffer`]s so that they are freed on any error, the first output XLA left
     /// out, and one completion event per list, not yet awaited. `launched` as in
-    /// [`Executable::execute`]; `direct`: [`Executable::outputs_direct`], once known.
+    /// [`Executable::execute`].
     fn launch(
         &self,
         lists: &[&[&Buffer]],
         devices: &[usize],
-        portable: bool,
-        direct: Option<&[bool]>,
         launched: &mut dyn FnMut(bool),
     ) -> Result<Launched, XlaError> {
         let api = self.client.inner().api();
+        // Learnt by a portable program's first run (`execute`); an SPMD program never learns it.
+        let direct = self.outputs_direct.get();
         let n = lists.len();
         let arg_ptrs: Vec<Vec<*mut PJRT_Buffer>> = lists
             .iter()
@@ -579,9 +573,8 @@ impl Executable {
         e.num_args = lists.first().map_or(0, |list| list.len());
         e.output_lists = out_lists.as_ptr();
         e.device_complete_events = complete.as_mut_ptr();
-        if portable {
-            // Executables are compiled portable (see `CompileOptions`): each run names its
-            // device.
+        if self.partition_devices.is_empty() {
+            // A program compiled portable (see `CompileOptions`): each run names its device.
             e.execute_device = self.client.addressable_device(devices[0])?;
         }
         // SAFETY: matching args; one argument list per device, each checked against the
@@ -651,7 +644,7 @@ impl Executable {
             outputs,
             missing,
             complete,
-        } = self.launch(&buffers, &self.partition_devices, false, None, launched)?;
+        } = self.launch(&buffers, &self.partition_devices, launched)?;
         let mut first_err = missing;
         for event in complete {
             if let Err(msg) = api.await_and_destroy(event) {
