@@ -607,6 +607,13 @@ pub fn binary(bytes: Vec<u8>) -> Term {
     Term::from(Binary::from(bytes))
 }
 
+/// A map with atom keys, as Elixir writes `%{key: value}`.
+pub fn map(entries: Vec<(&str, Term)>) -> Term {
+    let entries: std::collections::HashMap<Term, Term> =
+        entries.into_iter().map(|(k, v)| (atom(k), v)).collect();
+    Term::from(eetf::Map::from(entries))
+}
+
 pub fn ok(value: Term) -> Term {
     tuple(vec![atom("ok"), value])
 }

@@ -12,11 +12,10 @@ use super::error::RequestError;
 use super::parse::{reference, Elements};
 use super::resources::Resource;
 use super::state::State;
-use crate::node::term::{atom, int, list};
+use crate::node::term::{int, list, map};
 use crate::tensor_term::shape_term;
 use crate::xla::TensorSpec;
-use eetf::{Map, Reference, Term};
-use std::collections::HashMap;
+use eetf::{Reference, Term};
 
 /// `{:describe, exe_or_buffer}`, parsed.
 #[derive(Debug)]
@@ -49,26 +48,20 @@ impl DescribeRequest {
 }
 
 fn buffer_description(spec: &TensorSpec, device: usize) -> Term {
-    let entries: HashMap<Term, Term> = [
-        (atom("shape"), shape_term(spec.dtype, &spec.dims)),
-        (atom("device"), int(device as i64)),
-    ]
-    .into_iter()
-    .collect();
-    Term::from(Map::from(entries))
+    map(vec![
+        ("shape", shape_term(spec.dtype, &spec.dims)),
+        ("device", int(device as i64)),
+    ])
 }
 
 fn description(parameters: &[TensorSpec], results: &[TensorSpec], devices: Term) -> Term {
     let shapes =
         |specs: &[TensorSpec]| list(specs.iter().map(|s| shape_term(s.dtype, &s.dims)).collect());
-    let entries: HashMap<Term, Term> = [
-        (atom("parameters"), shapes(parameters)),
-        (atom("results"), shapes(results)),
-        (atom("devices"), devices),
-    ]
-    .into_iter()
-    .collect();
-    Term::from(Map::from(entries))
+    map(vec![
+        ("parameters", shapes(parameters)),
+        ("results", shapes(results)),
+        ("devices", devices),
+    ])
 }
 
 #[cfg(test)]

@@ -7,11 +7,10 @@
 use super::state::State;
 use crate::dispatch::Outcome;
 use crate::metrics::Snapshot;
-use crate::node::term::{atom, binary, boolean, int, list};
+use crate::node::term::{atom, binary, boolean, int, list, map};
 use crate::node::{probe, traffic};
 use crate::xla::{loaded_kernels, DeviceMemory, LoadedKernel};
-use eetf::{Float, Map, Term};
-use std::collections::HashMap;
+use eetf::{Float, Term};
 
 /// The reply's map.
 pub fn info(state: &State) -> Term {
@@ -178,12 +177,6 @@ fn kernel(k: &LoadedKernel) -> Term {
         ),
         ("shimmed", boolean(k.shimmed)),
     ])
-}
-
-/// A map with atom keys.
-fn map(entries: Vec<(&str, Term)>) -> Term {
-    let map: HashMap<Term, Term> = entries.into_iter().map(|(k, v)| (atom(k), v)).collect();
-    Term::from(Map::from(map))
 }
 
 /// A string as an Elixir string (a binary).
