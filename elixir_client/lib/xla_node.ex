@@ -329,17 +329,13 @@ defmodule XlaNode do
   """
   @spec free_all([reference()]) :: :ok
   def free_all(refs) when is_list(refs) do
-    (refs ++ XlaNode.Frees.take())
-    |> Enum.group_by(fn
-      ref when is_reference(ref) ->
-        node(ref)
+    for ref <- refs, not is_reference(ref) do
+      raise ArgumentError,
+            "XlaNode.free_all/1 takes the references of a node's executables and buffers " <>
+              "(free a pool's executable with free/3), got: #{inspect(ref)}"
+    end
 
-      other ->
-        raise ArgumentError,
-              "XlaNode.free_all/1 takes the references of a node's executables and buffers " <>
-                "(free a pool's executable with free/3), got: #{inspect(other)}"
-    end)
-    |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:free, refs}) end)
+    XlaNode.Frees.cast_frees(refs ++ XlaNode.Frees.take())
   end
 
   @doc """

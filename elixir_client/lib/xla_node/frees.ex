@@ -108,7 +108,12 @@ defmodule XlaNode.Frees do
       else: @table |> :ets.take(pid) |> Enum.map(fn {_pid, ref} -> ref end)
   end
 
-  defp cast_frees(refs) do
+  @doc """
+  Sends `refs` (executables' and buffers' references) with one `{:free, refs}` cast to each node
+  holding some; `:ok`.
+  """
+  @spec cast_frees([reference()]) :: :ok
+  def cast_frees(refs) do
     refs
     |> Enum.group_by(&node/1)
     |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:free, refs}) end)
