@@ -158,7 +158,9 @@ defmodule XlaNode do
 
   `args` are tensors (`{binary, {type, dims}}`) or device buffers, one per parameter of the
   program. Returns the results in order: tensors, or buffer references for the results kept on
-  the device (`:keep_on_device`).
+  the device (`:keep_on_device`). Tensors among `args` that take more than one message in all
+  are placed on the device first, in chunks (see `XlaNode.Transfer`), and freed once the run is
+  answered: a run never sends a message over the node's limit.
 
   Options:
 

@@ -51,6 +51,81 @@ defmodule XlaNode.TransferTest do
     end
   end
 
+  describe "a run whose tensors take more than a message, at an 8 MiB limit" do
+    # Four devices whatever the machine: the CPU plugin's option.
+    @describetag :cpu_only
+
+    @add_u8 """
+    func.func @main(%x: tensor<25165824xui8>, %y: tensor<25165824xui8>) -> tensor<25165824xui8> {
+      %z = stablehlo.add %x, %y : tensor<25165824xui8>
+      return %z : tensor<25165824xui8>
+    }
+    """
+
+    # The same over two devices, each adding its half.
+    @add_u8_halves """
+    module @halves attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+      func.func public @main(%x: tensor<25165824xui8> {mhlo.sharding = "{devices=[2]0,1}"}, %y: tensor<25165824xui8> {mhlo.sharding = "{devices=[2]0,1}"}) -> (tensor<25165824xui8> {mhlo.sharding = "{devices=[2]0,1}"}) {
+        %z = stablehlo.add %x, %y : tensor<25165824xui8>
+        return %z : tensor<25165824xui8>
+      }
+    }
+    """
+
+    @n 24 * @mib
+
+    setup do
+      node =
+        Harness.start_node(args: ["--max-message-bytes", "8M", "--pjrt-option", "cpu_device_count=4"])
+
+      x = :crypto.strong_rand_bytes(@n)
+      %{node: node, x: x, zeros: :binary.copy(<<0>>, @n)}
+    end
+
+    defp u8(data), do: {data, {{:u, 8}, [byte_size(data)]}}
+
+    test "XlaNode.run places its largest tensors first, in chunks, and frees them once answered",
+         %{node: node, x: x, zeros: zeros} do
+      exe = XlaNode.compile!(node.name, @add_u8)
+      {:ok, small} = XlaNode.to_device(node.name, Tensor.from_list([1.0, 2.0], {:f, 32}))
+      buffers = info(node, :buffers)
+      received = info(node, :traffic).received_messages
+
+      assert {:ok, [{^x, {{:u, 8}, [@n]}}]} = XlaNode.run(node.name, exe, [u8(x), u8(zeros)])
+      # 48 MiB as chunks of under 8 MiB, not one message: the connection stays.
+      assert info(node, :traffic).received_messages - received >= 7
+      assert node.name in Node.list(:hidden)
+      assert Tensor.to_list(XlaNode.read!(node.name, small)) == [1.0, 2.0]
+      Harness.eventually(fn -> info(node, :buffers) == buffers end)
+    end
+
+    test "the tensors go where the run will run: its device:, or its first buffer's",
+         %{node: node, x: x, zeros: zeros} do
+      exe = XlaNode.compile!(node.name, @add_u8)
+      assert {:ok, [{^x, _}]} = XlaNode.run(node.name, exe, [u8(x), u8(zeros)], device: 2)
+
+      # A buffer on device 3: the tensor beside it is placed there too, so the run is not
+      # refused for arguments on two devices.
+      {:ok, on_3} = XlaNode.to_device(node.name, u8(zeros), device: 3)
+      assert {:ok, [{^x, _}]} = XlaNode.run(node.name, exe, [u8(x), on_3])
+      assert {:ok, %{device: 3}} = XlaNode.describe(node.name, on_3)
+    end
+
+    test "a program over two devices: each device's tensors placed on it",
+         %{node: node, x: x, zeros: zeros} do
+      {:ok, exe} = XlaNode.compile(node.name, @add_u8_halves, devices: [1, 2])
+      half = div(@n, 2)
+      <<x1::binary-size(half), x2::binary>> = x
+      <<z1::binary-size(half), z2::binary>> = zeros
+      halves = fn data -> {data, {{:u, 8}, [half]}} end
+
+      assert {:ok, [[{^x1, _}], [{^x2, _}]]} =
+               XlaNode.run(node.name, exe, [[halves.(x1), halves.(z1)], [halves.(x2), halves.(z2)]])
+
+      assert node.name in Node.list(:hidden)
+    end
+  end
+
   describe "the raw requests" do
     setup do
       Harness.start_shared_node()

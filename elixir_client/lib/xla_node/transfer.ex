@@ -12,7 +12,14 @@ defmodule XlaNode.Transfer do
   less where the node's limit (`:info`'s `max_message_bytes`, asked once per node and kept in
   `:persistent_term`) is lower.
 
-  Requests other than `{:to_device, tensor}` and `{:read, buffer}` go through unchanged.
+  A run (`{:run, exe, args}`, `{:run, exe, args, opts}`) whose tensors among `args` take more
+  than a chunk in all places its largest ones on the node first, as above, until what is left
+  fits in a chunk; the run takes those buffers in their place, and they are freed once it is
+  answered. Each goes to the device the run will run on: the run's `device:`, else the device
+  of its first buffer argument (`{:describe, buffer}`), else device 0; for a program compiled
+  over several devices, each device's arguments to that device (`{:describe, exe}`).
+
+  Other requests go through unchanged.
   """
 
   @chunk_bytes 32 * 1024 * 1024
@@ -59,7 +66,116 @@ defmodule XlaNode.Transfer do
     end
   end
 
+  def call(target, {:run, exe, args} = request, timeout) when is_list(args),
+    do: run(target, request, exe, args, [], timeout)
+
+  def call(target, {:run, exe, args, opts} = request, timeout)
+      when is_list(args) and is_list(opts),
+      do: run(target, request, exe, args, opts, timeout)
+
   def call(target, request, timeout), do: GenServer.call(target, request, timeout)
+
+  # The run as it is when its tensors fit in a chunk; otherwise with its largest ones placed
+  # first (see the moduledoc).
+  defp run(target, request, exe, args, opts, timeout) do
+    per_device? = args != [] and Enum.all?(args, &is_list/1)
+    lists = if per_device?, do: args, else: [args]
+    chunk = chunk_bytes(target, timeout)
+
+    if is_integer(chunk) and tensor_bytes(lists) > chunk,
+      do: run_placing(target, exe, lists, opts, per_device?, chunk, timeout),
+      else: GenServer.call(target, request, timeout)
+  end
+
+  defp tensor_bytes(lists) do
+    for list <- lists, {data, {_type, _dims}} when is_bitstring(data) <- list, reduce: 0 do
+      bytes -> bytes + byte_size(data)
+    end
+  end
+
+  defp run_placing(target, exe, lists, opts, per_device?, chunk, timeout) do
+    placed = largest_beyond(lists, chunk)
+
+    with {:ok, devices} <- run_devices(target, exe, lists, opts, per_device?, timeout),
+         {:ok, buffers} <- place_each(target, placed, lists, devices, timeout) do
+      lists =
+        for {list, i} <- Enum.with_index(lists) do
+          for {arg, j} <- Enum.with_index(list), do: Map.get(buffers, {i, j}, arg)
+        end
+
+      args = if per_device?, do: lists, else: hd(lists)
+      request = if opts == [], do: {:run, exe, args}, else: {:run, exe, args, opts}
+
+      try do
+        GenServer.call(target, request, timeout)
+      after
+        GenServer.cast(target, {:free, Map.values(buffers)})
+      end
+    end
+  end
+
+  # The positions `{list, index}` of the largest tensors among the argument lists, taken until
+  # the tensors left take a chunk at most.
+  defp largest_beyond(lists, chunk) do
+    sizes =
+      for {list, i} <- Enum.with_index(lists),
+          {{data, {_type, _dims}}, j} when is_bitstring(data) <- Enum.with_index(list),
+          do: {{i, j}, byte_size(data)}
+
+    total = sizes |> Enum.map(&elem(&1, 1)) |> Enum.sum()
+
+    sizes
+    |> Enum.sort_by(&elem(&1, 1), :desc)
+    |> Enum.reduce_while({[], total}, fn
+      _size, {placed, left} when left <= chunk -> {:halt, {placed, left}}
+      {at, bytes}, {placed, left} -> {:cont, {[at | placed], left - bytes}}
+    end)
+    |> elem(0)
+  end
+
+  # The device each argument list runs on, as the node will choose it.
+  defp run_devices(target, exe, _lists, _opts, true = _per_device?, timeout) do
+    case GenServer.call(target, {:describe, exe}, timeout) do
+      {:ok, %{devices: devices}} -> {:ok, devices}
+      error -> error
+    end
+  end
+
+  defp run_devices(target, _exe, [list], opts, false, timeout) do
+    case Keyword.fetch(opts, :device) do
+      {:ok, device} ->
+        {:ok, [device]}
+
+      :error ->
+        case Enum.find(list, &is_reference/1) do
+          nil ->
+            {:ok, [0]}
+
+          buffer ->
+            case GenServer.call(target, {:describe, buffer}, timeout) do
+              {:ok, %{device: device}} -> {:ok, [device]}
+              error -> error
+            end
+        end
+    end
+  end
+
+  # Places each tensor at `placed` on its list's device: `%{{list, index} => buffer}`. A failed
+  # placement frees those made before it.
+  defp place_each(target, placed, lists, devices, timeout) do
+    Enum.reduce_while(placed, {:ok, %{}}, fn {i, j} = at, {:ok, buffers} ->
+      tensor = lists |> Enum.at(i) |> Enum.at(j)
+
+      case call(target, {:to_device, tensor, [device: Enum.at(devices, i)]}, timeout) do
+        {:ok, buffer} ->
+          {:cont, {:ok, Map.put(buffers, at, buffer)}}
+
+        error ->
+          GenServer.cast(target, {:free, Map.values(buffers)})
+          {:halt, error}
+      end
+    end)
+  end
 
   @doc """
   The largest chunk sent to or read from `target`: 32 MiB, or the node's message limit less
