@@ -83,9 +83,14 @@ defmodule XlaNodeNx.MixProject do
     ]
   end
 
+  # Mix (Elixir >= 1.15) prunes from the code path the OTP applications a project does not
+  # declare: the tests' random data comes from :crypto.
   def application do
-    [extra_applications: [:logger], mod: {XlaNode.Compiler.Application, []}]
+    [extra_applications: extra_applications(Mix.env()), mod: {XlaNode.Compiler.Application, []}]
   end
+
+  defp extra_applications(:test), do: [:logger, :crypto]
+  defp extra_applications(_), do: [:logger]
 
   defp deps do
     [{:xla_node_client, path: "../elixir_client"} | nx_deps()]

@@ -16,8 +16,10 @@ defmodule XlaNodeIntegration.MixProject do
     ]
   end
 
+  # Every OTP application the suite uses is declared: since Elixir 1.15 Mix prunes the others
+  # from the code path (:inets is the metrics test's HTTP client).
   def application do
-    [extra_applications: [:logger, :crypto]]
+    [extra_applications: [:logger, :crypto, :inets]]
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]
