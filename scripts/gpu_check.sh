@@ -4,12 +4,12 @@
 #      a release build); on a machine without an NVIDIA driver it stops here, with one message;
 #   2. the node on that plugin: it starts, `:info` names the platform and devices, a tiny
 #      program runs and a tensor goes to the device and back (scripts/gpu_check_node.exs);
-#   3. the integration suite with every node it starts on that plugin (XLA_NODE_PJRT_PLUGIN,
+#   3. bench/run.sh gpu: the node against JAX on the same GPU, alone on it;
+#   4. the integration suite with every node it starts on that plugin (XLA_NODE_PJRT_PLUGIN,
 #      XLA_NODE_EXTRA_ARGS): compile and run, buffers, transfers, every callback kind, the
 #      errors; the tests tagged :cpu_only are excluded there by the suite itself;
-#   4. side by side with it, elixir_nx's suite on that plugin, where NX_PATH points at a local
-#      Nx checkout (its CPU-only and four-device tests likewise excluded elsewhere);
-#   5. bench/run.sh gpu: the node against JAX on the same GPU.
+#   5. side by side with it, elixir_nx's suite on that plugin, where NX_PATH points at a local
+#      Nx checkout (its CPU-only and four-device tests likewise excluded elsewhere).
 # and ends with one line: "gpu_check: N passed, N failed, N skipped on PLATFORM (DEVICES); ...".
 # Exit status 0 when nothing failed. Each step's output is in target/gpu_check/TIME/.
 #
@@ -147,7 +147,20 @@ wait "$node_pid" 2>/dev/null
 device=$(cat "$logs/device.txt" 2>/dev/null || echo "device unknown")
 log "node: $device"
 
-# 3. The integration suite and 4. elixir_nx's suite (where Nx is present), side by side: each
+# 3. The benchmark, first and alone on the device.
+log "bench/run.sh gpu (log: $logs/bench.log)"
+small=""
+{ $quick || [ "$plugin" = cpu ]; } && small=1
+if XLA_NODE_BIN="$bin" XLA_NODE_BENCH_GPU_PLUGIN="$bench_plugin" XLA_NODE_BENCH_GPU_SMALL="$small" \
+    XLA_NODE_BENCH_GPU_NODE_ARGS="$node_args" bench/run.sh gpu </dev/null >"$logs/bench.log" 2>&1; then
+    passed=$((passed + 1))
+    sed -n '/^## gpu/,$p' "$logs/bench.log" >&2
+else
+    failed=$((failed + 1))
+    notes+=("bench/run.sh gpu failed (see $logs/bench.log)")
+fi
+
+# 4. The integration suite and 5. elixir_nx's suite (where Nx is present), side by side: each
 # starts its own nodes (off CPU they share the device's memory, --preallocate false).
 suite_args=()
 ! $quick || suite_args=(--exclude slow)
@@ -166,19 +179,6 @@ else
 fi
 wait "$integration_pid"
 count_exunit integration "$logs/integration.log"
-
-# 5. The benchmark.
-log "bench/run.sh gpu (log: $logs/bench.log)"
-small=""
-{ $quick || [ "$plugin" = cpu ]; } && small=1
-if XLA_NODE_BIN="$bin" XLA_NODE_BENCH_GPU_PLUGIN="$bench_plugin" XLA_NODE_BENCH_GPU_SMALL="$small" \
-    XLA_NODE_BENCH_GPU_NODE_ARGS="$node_args" bench/run.sh gpu </dev/null >"$logs/bench.log" 2>&1; then
-    passed=$((passed + 1))
-    sed -n '/^## gpu/,$p' "$logs/bench.log" >&2
-else
-    failed=$((failed + 1))
-    notes+=("bench/run.sh gpu failed (see $logs/bench.log)")
-fi
 
 for note in "${notes[@]}"; do log "$note"; done
 printf 'gpu_check: %d passed, %d failed, %d skipped on %s; logs in %s\n' \
