@@ -162,11 +162,14 @@ fi
 
 # 4. The integration suite and 5. elixir_nx's suite (where Nx is present), side by side: each
 # starts its own nodes (off CPU they share the device's memory, --preallocate false).
+# Each node the suites start keeps its output under nodes/, and integration_trace.txt says
+# which tests started and finished (what a run stopped from outside was waiting on).
 suite_args=()
 ! $quick || suite_args=(--exclude slow)
+export XLA_NODE_TEST_LOG_DIR="$logs/nodes"
 log "integration suite (log: $logs/integration.log)"
 (cd integration && MIX_ENV=test XLA_NODE_BIN="$bin" XLA_NODE_PJRT_PLUGIN="$plugin_path" \
-    XLA_NODE_EXTRA_ARGS="$node_args" elixir --sname "gpu_check_itest_$$" --cookie xla_test \
+    XLA_NODE_EXTRA_ARGS="$node_args" XLA_NODE_TEST_TRACE="$logs/integration_trace.txt" elixir --sname "gpu_check_itest_$$" --cookie xla_test \
     -S mix test "${suite_args[@]}" </dev/null) >"$logs/integration.log" 2>&1 &
 integration_pid=$!
 if [ -n "${NX_PATH:-}" ]; then

@@ -89,6 +89,9 @@ defmodule XlaNode.PoolTest do
     assert %{in_flight: 0, failures: 0, retries: 0, programs: 1} = Pool.status(pool)
   end
 
+  # The busy program's loop is sized for a CPU; on a GPU each iteration costs a round trip
+  # to the host.
+  @tag :cpu_only
   test "kill -9 of a node in the middle of 200 runs: pure runs finish elsewhere, side effects " <>
          "fail fast, no callback served twice; the node restarted rejoins",
        %{pool: pool, xlas: [victim | _], names: names} do
@@ -216,6 +219,9 @@ defmodule XlaNode.PoolTest do
     IO.puts("XlaNode.PoolTest: the :telemetry test is skipped: #{reason}")
   end
 
+  # The busy program's loop is sized for a CPU; on a GPU each iteration costs a round trip
+  # to the host.
+  @tag :cpu_only
   @tag skip: XlaNode.TelemetryLibrary.unavailable()
   test "a run through the pool is one :telemetry span, with its attempts and its last node",
        %{pool: pool, xlas: [victim | _], names: names} do
