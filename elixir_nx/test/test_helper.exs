@@ -23,4 +23,6 @@ if exclude != [] do
   )
 end
 
-ExUnit.start(exclude: exclude)
+# Most tests compile programs by the dozen, and a few by the hundred: on a busy 2-core machine
+# that takes minutes. The time limit is there to end a test that hangs, not to time one.
+ExUnit.start(exclude: exclude, timeout: 300_000)
