@@ -472,20 +472,6 @@ defmodule XlaNode.CompilerTest do
     assert where.(callbacks: :split) == self()
   end
 
-  test "a runtime_call that returns the wrong shape or raises fails the call, naming the callback" do
-    wrong = fn x -> Nx.runtime_call(x, x, [], fn t, _ -> Nx.concatenate([t, t]) end) end
-
-    assert_raise XlaNode.Error, ~r/does not match the output template/, fn ->
-      Nx.Defn.jit(wrong, compiler: XlaNode.Compiler, node: xla()).(Nx.tensor([1.0]))
-    end
-
-    raising = fn x -> Nx.runtime_call(x, x, [], fn _, _ -> raise "boom" end) end
-
-    assert_raise XlaNode.Error, ~r/boom/, fn ->
-      Nx.Defn.jit(raising, compiler: XlaNode.Compiler, node: xla()).(Nx.tensor([1.0]))
-    end
-  end
-
   defn(printed(x), do: print_value(x * 2) + 1)
 
   test "print_value prints on the caller's terminal" do
