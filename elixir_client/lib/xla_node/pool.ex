@@ -234,15 +234,16 @@ defmodule XlaNode.Pool do
   def remove_node(pool, node), do: pool_call!(pool, {:remove_node, node})
 
   @doc false
-  # For XlaNode's functions: whether `server` is a pool (`{:pool, context}`), a node (`:node`)
-  # or neither (`{:error, error}`: an unknown pool, or a pool's handle given to a node).
+  # For XlaNode's functions: whether `server` is a pool (`{:pool, context}`), a node or another
+  # GenServer server (`{:node, server}`, where the name of an `XlaNode.Local` stands for its
+  # node) or neither (`{:error, error}`: an unknown name, or a pool's handle given to a node).
   def route(server, request) do
     case Table.whereis(server) do
       nil ->
         cond do
-          pool_name?(server) -> {:error, unknown_pool(server)}
+          pool_name?(server) -> local_node(server)
           handle = pool_handle(request) -> {:error, Dispatch.foreign_handle(handle, server)}
-          true -> :node
+          true -> {:node, server}
         end
 
       tab ->
@@ -259,6 +260,13 @@ defmodule XlaNode.Pool do
   @doc false
   defdelegate run(context, request, timeout), to: Dispatch
 
+  defp local_node(name) do
+    case XlaNode.Local.whereis_node(name) do
+      nil -> {:error, unknown_pool(name)}
+      node -> {:node, node}
+    end
+  end
+
   # A bare atom without "@" cannot name a node.
   defp pool_name?(server),
     do: is_atom(server) and server != nil and not String.contains?(Atom.to_string(server), "@")
@@ -270,7 +278,10 @@ defmodule XlaNode.Pool do
 
   defp unknown_pool(server),
     do:
-      Error.noproc("no pool named #{inspect(server)} is running (and a node name needs an \"@\")")
+      Error.noproc(
+        "no pool named #{inspect(server)} is running, nor an XlaNode.Local with a node up " <>
+          "(and a node name needs an \"@\")"
+      )
 
   defp pool_call!(pool, request) do
     case Table.whereis(pool) && Table.context(Table.whereis(pool)) do
