@@ -113,7 +113,7 @@ defmodule XlaNode.Pool do
   require Logger
 
   alias XlaNode.{Error, Options}
-  alias XlaNode.Pool.{Dispatch, Executable, Table}
+  alias XlaNode.Pool.{Dispatch, Executable, Scaler, Table}
 
   @typedoc "A pool: its registered name or its pid."
   @type t :: atom() | pid()
@@ -124,6 +124,12 @@ defmodule XlaNode.Pool do
           | {:max_attempts, pos_integer()}
           | {:reconnect_backoff, {non_neg_integer(), pos_integer()}}
           | {:check_timeout, timeout()}
+          | {:launcher, {module(), keyword()}}
+          | {:min, non_neg_integer()}
+          | {:max, pos_integer()}
+          | {:idle_shutdown_after, timeout()}
+          | {:max_concurrency, pos_integer()}
+          | {:launch_backoff, {non_neg_integer(), pos_integer()}}
 
   ## API
 
@@ -132,7 +138,8 @@ defmodule XlaNode.Pool do
 
   Options:
 
-    * `:nodes` - the compute nodes (node names, required; may be empty, see `add_node/2`)
+    * `:nodes` - the compute nodes (node names; required without `:launcher`, and may be
+      empty, see `add_node/2`)
     * `:name` - registers the pool under this atom; `XlaNode` functions then take the name
     * `:max_attempts` - attempts per run, the first included (default 3)
     * `:reconnect_backoff` - `{first_ms, max_ms}`: how soon a node that went down or could not
@@ -140,7 +147,30 @@ defmodule XlaNode.Pool do
     * `:check_timeout` - how long a node may take to answer `:info` when it (re)joins (default
       10_000 ms)
 
+  Nodes on demand (see "Nodes on demand" above):
+
+    * `:launcher` - `{module, options}`: an `XlaNode.Launcher` that starts the pool's nodes
+      (`XlaNode.Launcher.Local`, `XlaNode.Launcher.SSH`, or one of your own); its options are
+      checked here
+    * `:min` - nodes the pool keeps started (default 0)
+    * `:max` - nodes it may start (default `max(min, 1)`)
+    * `:idle_shutdown_after` - milliseconds after which a started node without work is stopped,
+      down to `:min`, or `:infinity` (default 30_000)
+    * `:max_concurrency` - runs of the pool in flight on a device (executing or queued on the
+      node) at which that device counts as busy (default 1): a run that finds every device of
+      every node busy starts one more node
+    * `:launch_backoff` - `{first_ms, max_ms}`: how long after a failed start the next one
+      may begin, doubling with each failure in a row (default `{1_000, 30_000}`)
+
       {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla@host1", :"xla@host2"])
+
+      {:ok, pool} =
+        XlaNode.Pool.start_link(
+          launcher: {XlaNode.Launcher.Local, []},
+          min: 0,
+          max: 2,
+          idle_shutdown_after: 3_000
+        )
   """
   @spec start_link([option()]) :: GenServer.on_start()
   def start_link(opts) do
@@ -291,13 +321,23 @@ defmodule XlaNode.Pool do
   end
 
   # The options, checked, with their defaults.
+  @on_demand [:min, :max, :idle_shutdown_after, :max_concurrency, :launch_backoff]
+
   defp validate!(opts) do
     spec = [
       name: :pool_name,
       nodes: :node_names,
       max_attempts: :pos_integer,
       reconnect_backoff: :backoff,
-      check_timeout: :positive_timeout
+      check_timeout: :positive_timeout,
+      launcher:
+        {:check, "{module, options}, the module an XlaNode.Launcher, the options a keyword list",
+         &launcher?/1},
+      min: :non_neg_integer,
+      max: :pos_integer,
+      idle_shutdown_after: :positive_timeout,
+      max_concurrency: :pos_integer,
+      launch_backoff: :backoff
     ]
 
     # XlaNode.Options names the first unknown option; the pool's message names them all.
@@ -306,7 +346,13 @@ defmodule XlaNode.Pool do
     opts =
       Options.validate!(opts, "XlaNode.Pool.start_link/1", spec, "; unknown: #{inspect(unknown)}")
 
-    nodes = Keyword.get(opts, :nodes) || raise ArgumentError, "XlaNode.Pool needs nodes: [...]"
+    nodes =
+      Keyword.get(opts, :nodes) ||
+        if(opts[:launcher],
+          do: [],
+          else:
+            raise(ArgumentError, "XlaNode.Pool needs nodes: [...] or launcher: {module, opts}")
+        )
 
     [
       name: Keyword.get(opts, :name),
@@ -314,7 +360,52 @@ defmodule XlaNode.Pool do
       max_attempts: Keyword.get(opts, :max_attempts, 3),
       reconnect_backoff: Keyword.get(opts, :reconnect_backoff, {100, 5_000}),
       check_timeout: Keyword.get(opts, :check_timeout, 10_000)
-    ]
+    ] ++ on_demand!(opts)
+  end
+
+  defp launcher?({module, opts}) when is_atom(module), do: Keyword.keyword?(opts)
+  defp launcher?(_), do: false
+
+  # The launcher and its bounds, checked: a launcher's own options by the launcher.
+  defp on_demand!(opts) do
+    case Keyword.fetch(opts, :launcher) do
+      :error ->
+        case Enum.find(@on_demand, &Keyword.has_key?(opts, &1)) do
+          nil ->
+            [launcher: nil]
+
+          key ->
+            raise ArgumentError,
+                  "XlaNode.Pool.start_link/1: option #{inspect(key)} applies to a pool that " <>
+                    "starts its nodes: give launcher: {module, options} too"
+        end
+
+      {:ok, {module, launcher_opts}} ->
+        unless Code.ensure_loaded?(module) and function_exported?(module, :start_node, 2) and
+                 function_exported?(module, :stop_node, 1) and
+                 function_exported?(module, :validate_options, 1) do
+          raise ArgumentError,
+                "XlaNode.Pool.start_link/1: option :launcher: #{inspect(module)} is not an " <>
+                  "XlaNode.Launcher (validate_options/1, start_node/2, stop_node/1)"
+        end
+
+        min = Keyword.get(opts, :min, 0)
+        max = Keyword.get(opts, :max, max(min, 1))
+
+        if min > max do
+          raise ArgumentError,
+                "XlaNode.Pool.start_link/1: option :min (#{min}) is more than :max (#{max})"
+        end
+
+        [
+          launcher: {module, module.validate_options(launcher_opts)},
+          min: min,
+          max: max,
+          idle_shutdown_after: Keyword.get(opts, :idle_shutdown_after, 30_000),
+          max_concurrency: Keyword.get(opts, :max_concurrency, 1),
+          launch_backoff: Keyword.get(opts, :launch_backoff, {1_000, 30_000})
+        ]
+    end
   end
 
   defp check_node!(node) do
@@ -333,7 +424,17 @@ defmodule XlaNode.Pool do
     tab = Table.new()
     label = opts[:name] || self()
     pool_ref = make_ref()
-    Table.put_meta(tab, pool_ref, label, opts[:nodes], opts[:max_attempts])
+    scaler = if opts[:launcher], do: Scaler.new(opts, label)
+
+    Table.put_meta(
+      tab,
+      pool_ref,
+      label,
+      opts[:nodes],
+      opts[:max_attempts],
+      scaler && scaler.max_concurrency
+    )
+
     Enum.each(opts[:nodes], &Table.put_node(tab, &1))
     Table.register(Enum.reject([self(), opts[:name]], &is_nil/1), tab)
     :ok = :net_kernel.monitor_nodes(true, node_type: :all)
@@ -355,15 +456,21 @@ defmodule XlaNode.Pool do
       # {id, node} => [from]: callers waiting for a compile on a node
       pending: %{},
       # {from, node | nil}: callers waiting for a joining node (see :await_join)
-      waiters: []
+      waiters: [],
+      # nil, or the nodes it starts and stops (XlaNode.Pool.Scaler)
+      scaler: scaler,
+      retry_timer: nil,
+      idle_timer: nil
     }
 
-    {:ok, Enum.reduce(opts[:nodes], state, &connect(&2, &1))}
+    state = Enum.reduce(opts[:nodes], state, &connect(&2, &1))
+    {:ok, ensure_min(state)}
   end
 
   @impl true
   def terminate(_reason, state) do
     Table.unregister(Enum.reject([self(), state.name], &is_nil/1), state.tab)
+    if state.scaler, do: Scaler.stop_all(state.scaler)
   end
 
   @impl true
@@ -420,40 +527,31 @@ defmodule XlaNode.Pool do
   def handle_call({:await_join, node}, from, state) do
     cond do
       # It came up since the caller looked.
-      up?(state, node) -> {:reply, {:ok, :changed}, state}
-      joining?(state, node) -> {:noreply, %{state | waiters: [{from, node} | state.waiters]}}
-      true -> {:reply, {:ok, :none}, state}
+      up?(state, node) ->
+        {:reply, {:ok, :changed}, state}
+
+      joining?(state, node) ->
+        {:noreply, %{state | waiters: [{from, node} | state.waiters]}}
+
+      node == nil and state.scaler != nil ->
+        on_demand(state, from)
+
+      true ->
+        {:reply, {:ok, :none}, state}
     end
   end
 
   def handle_call({:add_node, node}, _from, state) do
-    if Map.has_key?(state.nodes, node) do
-      {:reply, :ok, state}
-    else
-      Table.put_node(state.tab, node)
-      state = %{state | order: state.order ++ [node]}
-      put_meta(state)
-      {:reply, :ok, connect(state, node)}
-    end
+    if Map.has_key?(state.nodes, node),
+      do: {:reply, :ok, state},
+      else: {:reply, :ok, join(state, node)}
   end
 
   def handle_call({:remove_node, node}, _from, state) do
-    case Map.pop(state.nodes, node) do
-      {nil, _} ->
-        {:reply, :ok, state}
-
-      {info, nodes} ->
-        cancel_timer(info)
-        state = %{state | nodes: nodes, order: List.delete(state.order, node)}
-        put_meta(state)
-
-        state =
-          state.tab
-          |> Table.executables_on(node)
-          |> Enum.reduce(state, fn {_id, exe}, s -> free_on(s, node, exe) end)
-
-        Table.delete_node(state.tab, node)
-        {:reply, :ok, wake_waiters(state, node)}
+    if state.scaler && Scaler.launched?(state.scaler, node) do
+      {:reply, :ok, stop_launched(state, node, :removed)}
+    else
+      {:reply, :ok, drop_node(state, node, true)}
     end
   end
 
@@ -512,6 +610,15 @@ defmodule XlaNode.Pool do
 
   defp handle_message({:nodedown, node, _info}, state) do
     case status(state, node) do
+      # A node the pool started is not waited for: it is stopped, and started anew if needed.
+      status when status in [:up, :checking, :stopping] and state.scaler != nil ->
+        if Scaler.launched?(state.scaler, node) do
+          {:noreply, state |> stop_launched(node, :nodedown) |> ensure_min()}
+        else
+          Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node} went down")
+          {:noreply, down(state, node, "disconnected")}
+        end
+
       status when status in [:up, :checking] ->
         Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node} went down")
         state = down(state, node, "disconnected")
@@ -527,9 +634,81 @@ defmodule XlaNode.Pool do
     {:noreply, state}
   end
 
-  defp handle_message({:DOWN, _monitor, :process, caller, _reason}, state) do
-    Table.end_runs_of(state.tab, caller)
+  defp handle_message({:DOWN, monitor, :process, pid, reason}, state) do
+    case state.scaler && Scaler.launch_ended(state.scaler, monitor, reason) do
+      {:started, node, _handle, _why, scaler} ->
+        state = join(%{state | scaler: scaler}, node)
+        {:noreply, schedule_idle_check(state)}
+
+      {:failed, error, _why, scaler} ->
+        {:noreply, launch_failed(%{state | scaler: scaler}, error)}
+
+      launch when launch in [nil, :unknown] ->
+        case state.scaler && Scaler.node_of_monitor(state.scaler, monitor) do
+          nil ->
+            # A caller that died with runs in flight.
+            Table.end_runs_of(state.tab, pid)
+            {:noreply, state}
+
+          node ->
+            {_handle, scaler} = Scaler.forget(state.scaler, node, :exited, reason)
+            state = drop_node(%{state | scaler: scaler}, node, false)
+            {:noreply, ensure_min(state)}
+        end
+    end
+  end
+
+  defp handle_message(:saturated, state) do
+    Table.clear_saturated(state.tab)
+    {:noreply, scale_up(state)}
+  end
+
+  defp handle_message(:launch_retry, state) do
+    state = ensure_min(%{state | retry_timer: nil})
+
+    state =
+      if Enum.any?(state.waiters, fn {_, node} -> node == nil end) and not up?(state, nil) and
+           map_size(state.scaler.launches) == 0,
+         do: launch(state, :demand),
+         else: state
+
     {:noreply, state}
+  end
+
+  defp handle_message(:idle_check, state) do
+    state = %{state | idle_timer: nil}
+
+    loads =
+      Map.new(Map.keys(state.scaler.launched), fn node ->
+        case Table.node_info(state.tab, node) do
+          nil -> {node, {0, 0}}
+          info -> {node, {info.in_flight, info.runs + info.errors}}
+        end
+      end)
+
+    scaler = Scaler.observe(state.scaler, loads)
+    up = for node <- state.order, up?(state, node), do: node
+    state = %{state | scaler: scaler}
+
+    state =
+      scaler
+      |> Scaler.idle_nodes(up)
+      |> Enum.reduce(state, &begin_drain(&2, &1))
+
+    {:noreply, schedule_idle_check(state)}
+  end
+
+  defp handle_message({:drain_check, node, ref}, state) do
+    cond do
+      not Scaler.draining?(state.scaler, node, ref) ->
+        {:noreply, state}
+
+      Table.load(state.tab, node) |> in_flight() > 0 ->
+        {:noreply, end_drain(state, node, "runs came in")}
+
+      true ->
+        {:noreply, send_request(state, node, :info, {:drain, node, ref})}
+    end
   end
 
   defp handle_message(_message, state), do: {:noreply, state}
@@ -623,6 +802,30 @@ defmodule XlaNode.Pool do
 
   defp handle_response(:free, _response, state), do: state
 
+  # The last look before a drained node stops: nothing of anyone's on it, nothing in flight.
+  defp handle_response({:drain, node, ref}, response, state) do
+    if Scaler.draining?(state.scaler, node, ref) do
+      case response do
+        {:reply, {:ok, %{} = info}} ->
+          busy =
+            for key <- [:buffers, :runs_running, :runs_queued],
+                (n = Map.get(info, key, 0)) > 0,
+                do: "#{key}: #{n}"
+
+          busy = if in_flight(Table.load(state.tab, node)) > 0, do: ["runs in flight"], else: busy
+
+          if busy == [],
+            do: stop_launched(state, node, :idle),
+            else: end_drain(state, node, Enum.join(busy, ", "))
+
+        _ ->
+          end_drain(state, node, ":info failed")
+      end
+    else
+      state
+    end
+  end
+
   defp node_reply({:reply, {:ok, value}}, _node), do: {:ok, value}
   defp node_reply({:reply, {:error, reason}}, _node), do: {:error, Error.from_reason(reason)}
   defp node_reply({:reply, other}, _node), do: {:error, Error.from_reason(other)}
@@ -655,6 +858,15 @@ defmodule XlaNode.Pool do
   # The node is not usable: its executables went with it (or will be unknown to it when it
   # comes back). Tries again after the backoff.
   defp down(state, node, why) do
+    if state.scaler && Scaler.launched?(state.scaler, node) do
+      Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node}, which it started: #{why}")
+      state |> stop_launched(node, :nodedown) |> ensure_min() |> wake_waiters(node)
+    else
+      down_and_retry(state, node, why)
+    end
+  end
+
+  defp down_and_retry(state, node, why) do
     Table.set_status(state.tab, node, :down)
     Table.delete_executables(state.tab, node)
     {first, max} = state.backoff
@@ -723,7 +935,169 @@ defmodule XlaNode.Pool do
   end
 
   defp put_meta(state),
-    do: Table.put_meta(state.tab, state.pool_ref, state.label, state.order, state.max_attempts)
+    do:
+      Table.put_meta(
+        state.tab,
+        state.pool_ref,
+        state.label,
+        state.order,
+        state.max_attempts,
+        state.scaler && state.scaler.max_concurrency
+      )
+
+  defp in_flight({_status, _gen, in_flight}), do: in_flight
+  defp in_flight(nil), do: 0
+
+  # A node joins: in the table, last in the order, connected and checked.
+  defp join(state, node) do
+    Table.put_node(state.tab, node)
+    state = %{state | order: state.order ++ [node]}
+    put_meta(state)
+    connect(state, node)
+  end
+
+  # A node leaves: no new runs go there; its executables are freed when it stays up.
+  defp drop_node(state, node, free?) do
+    case Map.pop(state.nodes, node) do
+      {nil, _} ->
+        state
+
+      {info, nodes} ->
+        cancel_timer(info)
+        state = %{state | nodes: nodes, order: List.delete(state.order, node)}
+        put_meta(state)
+
+        state =
+          if free?,
+            do:
+              state.tab
+              |> Table.executables_on(node)
+              |> Enum.reduce(state, fn {_id, exe}, s -> free_on(s, node, exe) end),
+            else: state
+
+        Table.delete_node(state.tab, node)
+        wake_waiters(state, node)
+    end
+  end
+
+  ## Nodes on demand
+
+  # A caller found no node up (and none joining): start one, unless the last start failed
+  # moments ago, and have the caller wait for it.
+  defp on_demand(state, from) do
+    scaler = state.scaler
+    draining = Enum.find(Map.keys(scaler.launched), &(status(state, &1) == :stopping))
+
+    cond do
+      draining != nil ->
+        {:reply, {:ok, :changed}, end_drain(state, draining, "a call found no other node up")}
+
+      map_size(scaler.launches) > 0 ->
+        {:noreply, %{state | waiters: [{from, nil} | state.waiters]}}
+
+      Scaler.may_launch?(scaler) ->
+        state = launch(state, :demand)
+        {:noreply, %{state | waiters: [{from, nil} | state.waiters]}}
+
+      scaler.last_error != nil and Scaler.backoff_left(scaler) > 0 ->
+        {:reply, {:error, launch_failure(state)}, state}
+
+      true ->
+        {:reply, {:ok, :none}, state}
+    end
+  end
+
+  defp launch_failure(state) do
+    %{scaler: scaler} = state
+
+    error = scaler.last_error
+
+    message =
+      "no node of the pool #{inspect(state.label)} is up, and starting one failed " <>
+        "(#{scaler.failures} in a row; the next attempt in #{Scaler.backoff_left(scaler)} ms): " <>
+        Exception.message(error)
+
+    %Error{kind: :launch_error, message: message, reason: Map.get(error, :reason)}
+  end
+
+  defp launch(state, reason), do: %{state | scaler: Scaler.launch(state.scaler, reason, self())}
+
+  # Starts nodes up to `min`, side by side (none during a backoff: the retry comes).
+  defp ensure_min(%{scaler: nil} = state), do: state
+
+  defp ensure_min(state) do
+    missing = state.scaler.min - Scaler.count(state.scaler)
+
+    cond do
+      missing <= 0 -> state
+      Scaler.backoff_left(state.scaler) > 0 -> schedule_retry(state)
+      true -> Enum.reduce(1..missing, state, fn _, s -> launch(s, :min) end)
+    end
+  end
+
+  # A caller found every device busy: one more node, when none is on its way already.
+  defp scale_up(%{scaler: nil} = state), do: state
+
+  defp scale_up(state) do
+    joining =
+      Enum.any?(Map.keys(state.scaler.launched), &(status(state, &1) in [:connecting, :checking]))
+
+    if map_size(state.scaler.launches) == 0 and not joining and Scaler.may_launch?(state.scaler),
+      do: launch(state, :saturated),
+      else: state
+  end
+
+  defp launch_failed(state, _error) do
+    state = schedule_retry(state)
+    # Callers waiting for that node learn of it (they ask again and get the error).
+    if up?(state, nil), do: state, else: wake_waiters(state, nil)
+  end
+
+  defp schedule_retry(%{retry_timer: nil} = state) do
+    wait = Scaler.backoff_left(state.scaler)
+    %{state | retry_timer: Process.send_after(self(), :launch_retry, max(wait, 1))}
+  end
+
+  defp schedule_retry(state), do: state
+
+  defp schedule_idle_check(%{idle_timer: nil, scaler: %Scaler{} = scaler} = state) do
+    interval = Scaler.idle_check_interval(scaler)
+
+    if interval != nil and map_size(scaler.launched) > scaler.min,
+      do: %{state | idle_timer: Process.send_after(self(), :idle_check, interval)},
+      else: state
+  end
+
+  defp schedule_idle_check(state), do: state
+
+  # A node idle long enough stops taking runs (:stopping); after a moment for runs placed just
+  # before (they are counted in flight by then), the node is asked whether anyone holds
+  # anything there.
+  defp begin_drain(state, node) do
+    Table.set_status(state.tab, node, :stopping)
+
+    if in_flight(Table.load(state.tab, node)) > 0 do
+      Table.set_status(state.tab, node, :up)
+      state
+    else
+      ref = make_ref()
+      Process.send_after(self(), {:drain_check, node, ref}, 200)
+      %{state | scaler: Scaler.drain(state.scaler, node, ref)}
+    end
+  end
+
+  defp end_drain(state, node, why) do
+    Logger.debug("XlaNode.Pool #{inspect(state.label)}: #{node} is not idle (#{why}); kept")
+    if status(state, node) == :stopping, do: Table.set_status(state.tab, node, :up)
+    %{state | scaler: Scaler.drain(state.scaler, node, nil)}
+  end
+
+  # Stops a node the pool started, and takes it out of the pool.
+  defp stop_launched(state, node, why) do
+    {handle, scaler} = Scaler.forget(state.scaler, node, why)
+    if handle, do: Scaler.stop_node(scaler, handle)
+    drop_node(%{state | scaler: scaler}, node, false)
+  end
 
   ## Requests to nodes, answered in handle_info
 
@@ -751,7 +1125,8 @@ defmodule XlaNode.Pool do
           executables: Map.get(executables, node, 0),
           devices: Table.device_info(state.tab, node),
           platform: info.platform,
-          last_error: info.last_error
+          last_error: info.last_error,
+          launched: state.scaler && Scaler.node_status(state.scaler, node)
         })
       end
 
@@ -760,6 +1135,11 @@ defmodule XlaNode.Pool do
         {key, nodes |> Enum.map(& &1[key]) |> Enum.sum()}
       end
 
-    Map.merge(totals, %{pool: state.label, programs: map_size(state.programs), nodes: nodes})
+    Map.merge(totals, %{
+      pool: state.label,
+      programs: map_size(state.programs),
+      nodes: nodes,
+      launcher: state.scaler && Scaler.status(state.scaler)
+    })
   end
 end

@@ -46,9 +46,12 @@ defmodule XlaNode.Telemetry do
   """
   @spec events() :: [[atom()]]
   def events do
-    for op <- [:compile, :run, :callback],
-        kind <- [:start, :stop, :exception],
-        do: [:xla_node, op, kind]
+    spans =
+      for op <- [[:compile], [:run], [:callback], [:pool, :launch]],
+          kind <- [:start, :stop, :exception],
+          do: [:xla_node | op] ++ [kind]
+
+    spans ++ [[:xla_node, :pool, :node_stop]]
   end
 
   @doc """
@@ -59,11 +62,23 @@ defmodule XlaNode.Telemetry do
   @spec span(atom(), map(), (() -> {result, map()})) :: result when result: term()
   def span(op, metadata, fun) do
     if function_exported?(:telemetry, :span, 3) do
-      :telemetry.span([:xla_node, op], metadata, fun)
+      :telemetry.span([:xla_node | List.wrap(op)], metadata, fun)
     else
       {result, _stop_metadata} = fun.()
       result
     end
+  end
+
+  @doc """
+  Emits the single event `[:xla_node | name]` when `:telemetry` is loaded; does nothing
+  otherwise.
+  """
+  @spec execute([atom()], map(), map()) :: :ok
+  def execute(name, measurements, metadata) do
+    if function_exported?(:telemetry, :execute, 3),
+      do: :telemetry.execute([:xla_node | name], measurements, metadata)
+
+    :ok
   end
 
   @doc """
