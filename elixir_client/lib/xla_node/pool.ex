@@ -475,7 +475,7 @@ defmodule XlaNode.Pool do
 
   @impl true
   def handle_call({:compile, mlir, node_opts, effects, node}, from, state) do
-    if up?(state, node) do
+    if serving?(state, node) do
       label = {:compile, from, node, generation(state, node), mlir, node_opts, effects}
       {:noreply, send_request(state, node, compile_request(mlir, node_opts), label)}
     else
@@ -494,7 +494,7 @@ defmodule XlaNode.Pool do
         {exe, _, _} = Table.executable(state.tab, id, node)
         {:reply, {:ok, exe}, state}
 
-      not up?(state, node) ->
+      not serving?(state, node) ->
         {:reply, {:error, Dispatch.not_up(node)}, state}
 
       Map.has_key?(state.pending, {id, node}) ->
@@ -549,7 +549,7 @@ defmodule XlaNode.Pool do
 
   def handle_call({:remove_node, node}, _from, state) do
     if state.scaler && Scaler.launched?(state.scaler, node) do
-      {:reply, :ok, stop_launched(state, node, :removed)}
+      {:reply, :ok, state |> stop_launched(node, :removed) |> ensure_min()}
     else
       {:reply, :ok, drop_node(state, node, true)}
     end
@@ -693,14 +693,14 @@ defmodule XlaNode.Pool do
     state =
       scaler
       |> Scaler.idle_nodes(up)
-      |> Enum.reduce(state, &begin_drain(&2, &1))
+      |> Enum.reduce(state, &probe_idle(&2, &1))
 
     {:noreply, schedule_idle_check(state)}
   end
 
   defp handle_message({:drain_check, node, ref}, state) do
     cond do
-      not Scaler.draining?(state.scaler, node, ref) ->
+      not Scaler.draining?(state.scaler, node, {:drain, ref}) ->
         {:noreply, state}
 
       Table.load(state.tab, node) |> in_flight() > 0 ->
@@ -784,7 +784,7 @@ defmodule XlaNode.Pool do
             not Map.has_key?(state.programs, id) ->
               {{:error, Dispatch.freed(id, state.label)}, free_on(state, node, exe)}
 
-            generation(state, node) != gen or not up?(state, node) ->
+            generation(state, node) != gen or not serving?(state, node) ->
               {{:error, Dispatch.not_up(node)}, state}
 
             true ->
@@ -802,24 +802,14 @@ defmodule XlaNode.Pool do
 
   defp handle_response(:free, _response, state), do: state
 
-  # The last look before a drained node stops: nothing of anyone's on it, nothing in flight.
-  defp handle_response({:drain, node, ref}, response, state) do
-    if Scaler.draining?(state.scaler, node, ref) do
-      case response do
-        {:reply, {:ok, %{} = info}} ->
-          busy =
-            for key <- [:buffers, :runs_running, :runs_queued],
-                (n = Map.get(info, key, 0)) > 0,
-                do: "#{key}: #{n}"
-
-          busy = if in_flight(Table.load(state.tab, node)) > 0, do: ["runs in flight"], else: busy
-
-          if busy == [],
-            do: stop_launched(state, node, :idle),
-            else: end_drain(state, node, Enum.join(busy, ", "))
-
-        _ ->
-          end_drain(state, node, ":info failed")
+  # An idle node is asked whether anyone holds anything there before it stops taking runs
+  # (`probe`), and once more, drained, before it stops (`drain`).
+  defp handle_response({step, node, ref}, response, state) when step in [:probe, :drain] do
+    if Scaler.draining?(state.scaler, node, {step, ref}) do
+      case busy(state, node, response) do
+        [] when step == :probe -> begin_drain(state, node)
+        [] -> stop_launched(state, node, :idle)
+        busy -> end_drain(state, node, Enum.join(busy, ", "))
       end
     else
       state
@@ -919,7 +909,12 @@ defmodule XlaNode.Pool do
   defp up?(state, nil), do: Enum.any?(state.nodes, fn {node, _} -> up?(state, node) end)
   defp up?(state, node), do: status(state, node) == :up
 
-  # `:connecting`, `:checking`, `:up` or `:down`; nil for a node the pool does not have.
+  # Up, or being drained: it takes no new runs of its own choosing, but the runs pinned to it
+  # (its buffers, `node:`) still run there.
+  defp serving?(state, node), do: status(state, node) in [:up, :stopping]
+
+  # `:connecting`, `:checking`, `:up`, `:stopping` (a node it started, being drained before it
+  # stops) or `:down`; nil for a node the pool does not have.
   defp status(state, node) do
     case Table.load(state.tab, node) do
       {status, _generation, _in_flight} -> status
@@ -1070,19 +1065,37 @@ defmodule XlaNode.Pool do
 
   defp schedule_idle_check(state), do: state
 
-  # A node idle long enough stops taking runs (:stopping); after a moment for runs placed just
-  # before (they are counted in flight by then), the node is asked whether anyone holds
-  # anything there.
+  # What keeps `node` from stopping, from its `:info` answer and the pool's runs in flight:
+  # anyone's buffers, runs running or queued there.
+  defp busy(state, node, {:reply, {:ok, %{} = info}}) do
+    held =
+      for key <- [:buffers, :runs_running, :runs_queued],
+          (n = Map.get(info, key, 0)) > 0,
+          do: "#{key}: #{n}"
+
+    if in_flight(Table.load(state.tab, node)) > 0, do: ["runs in flight" | held], else: held
+  end
+
+  defp busy(_state, _node, _failed), do: [":info failed"]
+
+  defp probe_idle(state, node) do
+    ref = make_ref()
+    state = send_request(state, node, :info, {:probe, node, ref})
+    %{state | scaler: Scaler.drain(state.scaler, node, {:probe, ref})}
+  end
+
+  # A node idle long enough, which holds nothing of anyone's, stops taking runs (:stopping);
+  # after a moment for runs placed just before (they are counted in flight by then), it is
+  # asked again.
   defp begin_drain(state, node) do
     Table.set_status(state.tab, node, :stopping)
 
     if in_flight(Table.load(state.tab, node)) > 0 do
-      Table.set_status(state.tab, node, :up)
-      state
+      end_drain(state, node, "runs came in")
     else
       ref = make_ref()
       Process.send_after(self(), {:drain_check, node, ref}, 200)
-      %{state | scaler: Scaler.drain(state.scaler, node, ref)}
+      %{state | scaler: Scaler.drain(state.scaler, node, {:drain, ref})}
     end
   end
 

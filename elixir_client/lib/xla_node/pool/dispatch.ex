@@ -127,9 +127,10 @@ defmodule XlaNode.Pool.Dispatch do
 
   # A pool that stops an idle node marks it :stopping and then reads its runs in flight; the
   # run, counted in flight, reads the status again: one of the two sees the other, so that a run
-  # never goes to a node being stopped (it is placed again instead).
+  # the pool placed never goes to a node being stopped (it is placed again instead). A run
+  # pinned there goes: the node stops only once nothing is in flight and nothing held there.
   defp start_run_on(ctx, plan, attempt, tried, {node, gen, device}, run) do
-    if match?({:up, _, _}, Table.load(ctx.tab, node)) do
+    if serving?(Table.load(ctx.tab, node), plan.pin != nil) do
       run_placed(ctx, plan, attempt, tried, {node, gen, device}, run)
     else
       Table.end_run(ctx.tab, run)
@@ -153,6 +154,11 @@ defmodule XlaNode.Pool.Dispatch do
         {error, %{node: node, device: device, attempts: attempt}}
     end
   end
+
+  # Whether a node whose load is `load` takes a run: up, or, for a pinned run, being drained.
+  defp serving?({:up, _, _}, _pinned), do: true
+  defp serving?({:stopping, _, _}, pinned), do: pinned
+  defp serving?(_load, _pinned), do: false
 
   # Tells a pool that starts nodes that this run found every device of every node up with
   # `max_concurrency` runs in flight or more (once, until the pool has read it).
@@ -458,7 +464,7 @@ defmodule XlaNode.Pool.Dispatch do
 
   defp choose(ctx, id, {node, why}, _tried, want) do
     case Table.load(ctx.tab, node) do
-      {:up, gen, in_flight} ->
+      {status, gen, in_flight} when status in [:up, :stopping] ->
         device =
           case {want, why} do
             {:any_device, {:buffer, _, _}} ->
@@ -615,7 +621,7 @@ defmodule XlaNode.Pool.Dispatch do
            "#{inspect(ref)} is on #{node}, which is not a node of the pool #{inspect(ctx.label)}"
          )}
 
-      not match?({:up, _, _}, Table.load(ctx.tab, node)) ->
+      not serving?(Table.load(ctx.tab, node), true) ->
         {:error,
          Error.nodedown(node, "#{inspect(ref)} was on #{node}, which is down: it is lost")}
 

@@ -23,7 +23,8 @@ defmodule XlaNode.Pool.Scaler do
     :label,
     :base,
     # node => %{handle:, monitor:, reason:, started_at:, since:, last_active:, last_count:,
-    #           draining: nil | reference}
+    #           draining: nil | {:probe, ref} | {:drain, ref}}: idle, it is asked whether
+    #           anyone holds anything there (probe), then drained and asked again (drain)
     launched: %{},
     # monitor ref of the launching process => %{pid:, reason:, started_at:}
     launches: %{},
@@ -347,7 +348,10 @@ defmodule XlaNode.Pool.Scaler do
     |> Enum.map(&elem(&1, 0))
   end
 
-  @doc "Marks `node` as being drained (`ref` names the drain) or not (nil: it serves again)."
+  @doc """
+  Marks `node` as being probed or drained (`{:probe | :drain, ref}`), or neither (nil: it serves
+  again, active now).
+  """
   def drain(scaler, node, ref) do
     case scaler.launched do
       %{^node => entry} ->
@@ -363,8 +367,8 @@ defmodule XlaNode.Pool.Scaler do
     end
   end
 
-  @doc "Whether `node` is being drained under `ref`."
-  def draining?(scaler, node, ref), do: match?(%{^node => %{draining: ^ref}}, scaler.launched)
+  @doc "Whether `node` is being probed or drained under `step` (`{:probe | :drain, ref}`)."
+  def draining?(scaler, node, step), do: match?(%{^node => %{draining: ^step}}, scaler.launched)
 
   @doc "How often the pool looks for idle nodes: a quarter of the idle time, within bounds."
   def idle_check_interval(%{idle_after: :infinity}), do: nil
@@ -400,7 +404,7 @@ defmodule XlaNode.Pool.Scaler do
   def node_status(scaler, node) do
     case scaler.launched do
       %{^node => entry} ->
-        %{reason: entry.reason, since: entry.since, draining: entry.draining != nil}
+        %{reason: entry.reason, since: entry.since, draining: match?({:drain, _}, entry.draining)}
 
       _ ->
         nil
