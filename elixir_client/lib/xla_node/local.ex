@@ -166,6 +166,21 @@ defmodule XlaNode.Local do
   @spec stop(t(), timeout()) :: :ok
   def stop(local, timeout \\ :infinity), do: Port.stop(local, timeout)
 
+  @doc """
+  The node `server` stands for where it is the name of an `XlaNode.Local` with a node up;
+  any other server as it is. How `XlaNode.Compiler` and `XlaNode.Backend` turn `node: :xla` into
+  the node of the moment (a tensor made on it then names that node, and is known to be gone
+  once the child has restarted).
+
+      XlaNode.Local.resolve(:xla)
+      #=> :"xla_48213_1@myhost"
+      XlaNode.Local.resolve(:"xla@gpu1")
+      #=> :"xla@gpu1"
+  """
+  @spec resolve(term()) :: term()
+  def resolve(name) when is_atom(name) and name != nil, do: whereis_node(name) || name
+  def resolve(server), do: server
+
   @doc false
   # The node a name given to XlaNode functions stands for, or nil when no XlaNode.Local of that
   # name has a node up.
