@@ -27,6 +27,45 @@ defmodule XlaNode.Pool do
   `:info` (a node restarted under the same name rejoins this way). `status/1` shows where each
   node stands.
 
+  ## Nodes on demand
+
+  Given a `launcher:` (an `XlaNode.Launcher`), a pool starts its own nodes and stops them, as
+  FLAME's pools start runners:
+
+      {XlaNode.Pool,
+       name: MyApp.XLA,
+       launcher: {XlaNode.Launcher.Local, plugin: :cpu},
+       min: 0,
+       max: 3,
+       idle_shutdown_after: 30_000}
+
+    * it keeps `:min` nodes started (side by side at start, and again when one dies);
+    * a call that finds no node up starts one and waits for it (the first `compile/3` of a pool
+      with `min: 0` starts its first node);
+    * a run that finds every device of every node up *busy*, with `:max_concurrency` runs of the
+      pool in flight or more (executing or queued on the node), starts one more node, up to
+      `:max`, one at a time: the next starts only once the last is up and the devices are still
+      busy. Runs are never held back for it: they go to the least loaded device meanwhile (the
+      node queues what it cannot run yet) and to the new node once it is up;
+    * a started node without a run of the pool in flight or answered for `:idle_shutdown_after`
+      is stopped, down to `:min`, once the node itself says that it holds nothing of anyone's
+      (no buffers, no run running or queued): a node with live buffers of its clients is not
+      idle, so that no buffer is lost. It first stops taking the runs the pool places (status
+      `:stopping`; runs pinned to it by their buffers or `node:` still go there), and is asked
+      once more before it stops; a call that finds no other node up takes it back;
+    * a node that fails to start is reported and tried again after `:launch_backoff`, doubling
+      with each failure in a row; a call that finds no node up meanwhile gets the failure as
+      `{:error, %XlaNode.Error{kind: :launch_error}}`, and the pool serves on the nodes it has;
+    * a started node that exits or goes down is forgotten and stopped (its runs in flight fail
+      over as any node's), and another started where `:min` asks for it; the pool stops every
+      node it started when it stops, however it stops (a node's process watches the pool's).
+
+  `nodes:` may be given too: those nodes are served alike and never stopped, and `:min` and
+  `:max` count only the nodes the pool starts. `status/1` says what was started and stopped,
+  when and why (`launcher:` and each node's `launched:`); each start is a `[:xla_node, :pool,
+  :launch]` span and each stop a `[:xla_node, :pool, :node_stop]` event (see
+  `XlaNode.Telemetry`).
+
   ## Programs
 
   A program compiled through a pool is an `XlaNode.Pool.Executable`: `compile/3` compiles it on
@@ -105,6 +144,7 @@ defmodule XlaNode.Pool do
     * a pool without nodes: kind `:no_nodes`;
     * no node up: kind `:nodedown`, `reason: {:nodes_down, nodes}`, the message naming each
       node and where it stands;
+    * no node up, and the pool's launcher failed to start one: kind `:launch_error`;
     * an executable of another pool, of one node, or freed: kind `:argument_error`.
   """
 
@@ -211,7 +251,8 @@ defmodule XlaNode.Pool do
         ]
       }
 
-  Per node: `status` (`:up`; `:connecting`, `:checking` while it (re)joins; `:down`),
+  Per node: `status` (`:up`; `:connecting`, `:checking` while it (re)joins; `:down`;
+  `:stopping` while a node the pool started is drained before it stops),
   `in_flight` (runs of this pool sent there and not answered), `runs` (answered with results),
   `errors` (answered with an error), `failures` (attempts lost because the node went down),
   `retries` (of those, the runs re-sent elsewhere), `recent_run_us` (a moving average of its
@@ -219,8 +260,18 @@ defmodule XlaNode.Pool do
   `last_error` (why it is not up) and `devices`: per device of the node (as its `:info` last
   listed them), its index, its name, and the runs the pool placed on it in flight and answered
   with results (a run that its buffers place counts on the node alone; the node's own
-  `:info` `device_info` counts every run on each device). The totals are over the nodes. Raises `XlaNode.Error`
-  (kind `:noproc`) for an unknown pool.
+  `:info` `device_info` counts every run on each device), and `launched`: `nil` for a node
+  given to the pool, else `%{reason: :min | :demand | :saturated, since: DateTime, draining:
+  boolean}`, why and when the pool started it. The totals are over the nodes.
+
+  A pool with a launcher also has `launcher`: `%{module:, min:, max:, idle_shutdown_after:,
+  max_concurrency:, running:, launching:, started:, stopped:, failed:, last_error:,
+  next_launch_in_ms:, events:}`: the nodes it runs and is starting now, how many it started,
+  stopped and failed to start in all, the last failure's message, how long until a start may
+  be tried again after failures, and its last 20 events, newest first, each `%{event: :started
+  | :stopped | :launch_failed, node:, reason:, at: DateTime}` (a stop's reason: `:idle`,
+  `:removed`, `:pool_stopped`, `{:exited, reason}`, `:nodedown`); `nil` without one. Raises
+  `XlaNode.Error` (kind `:noproc`) for an unknown pool.
   """
   @spec status(t()) :: map()
   def status(pool), do: pool_call!(pool, :status)
@@ -258,7 +309,8 @@ defmodule XlaNode.Pool do
 
   @doc """
   Removes a node from the pool: no new runs go there, the pool's executables there are freed;
-  runs in flight there finish.
+  runs in flight there finish. A node the pool started is stopped (and another started where
+  `:min` asks for it).
   """
   @spec remove_node(t(), node()) :: :ok
   def remove_node(pool, node), do: pool_call!(pool, {:remove_node, node})

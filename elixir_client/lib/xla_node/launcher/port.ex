@@ -15,8 +15,8 @@ defmodule XlaNode.Launcher.Port do
   `start_link/1` returns once the node answers `:ping` (this VM connects to it), or the error
   that kept it from doing so: the command exited (with the last lines it wrote), or did not
   serve within `:start_timeout`. Every line the command writes (the node's log, on stderr; the
-  command's own complaints) goes to `Logger`, at the level the node gave it (`:warning` for a line
-  that is not the node's log), with `xla_node: node` in its metadata. Once started, a node that
+  command's own complaints) goes to `Logger`, at the level the node gave it (or XLA's own log, its
+  severity letter; `:warning` for any other line), with `xla_node: node` in its metadata. Once started, a node that
   exits stops this process with `{:xla_node_exited, status}`, so that a supervisor restarts it
   (under a new node name) as any child; stopping this process stops the node: SIGTERM, the
   node's graceful stop (at most 3 s), then SIGKILL after `:stop_timeout`, and returns once the
@@ -44,6 +44,8 @@ defmodule XlaNode.Launcher.Port do
   alias XlaNode.Error
 
   @log_line ~r/\A\d{4}-\d\d-\d\dT\S+\s+(TRACE|DEBUG|INFO|WARN|ERROR)\s+(.*)\z/s
+  # XLA's own C++ log (absl): severity letter, date, time, thread, file:line] message.
+  @absl_line ~r/\A([IWEF])\d{4} [0-9:.]+\s+\d+ (\S+\] .*)\z/s
   @kept_lines 20
 
   @doc "Starts the command, linked to the caller; returns once the node answers `:ping`."
@@ -296,9 +298,21 @@ defmodule XlaNode.Launcher.Port do
 
   defp log(state, line) do
     {level, text} =
-      case Regex.run(@log_line, line, capture: :all_but_first) do
-        [level, text] -> {level(level), text}
-        nil -> {:warning, line}
+      cond do
+        match = Regex.run(@log_line, line, capture: :all_but_first) ->
+          [level, text] = match
+          {level(level), text}
+
+        match = Regex.run(@absl_line, line, capture: :all_but_first) ->
+          [severity, text] = match
+          {absl_level(severity), text}
+
+        # absl's note that it logs to stderr until initialised: true of every start.
+        String.starts_with?(line, "WARNING: All log messages before absl::InitializeLog()") ->
+          {:debug, line}
+
+        true ->
+          {:warning, line}
       end
 
     Logger.log(level, fn -> "#{state.node}: #{text}" end, xla_node: state.node)
@@ -308,6 +322,10 @@ defmodule XlaNode.Launcher.Port do
   defp level("WARN"), do: :warning
   defp level("INFO"), do: :info
   defp level(_debug_or_trace), do: :debug
+
+  defp absl_level("I"), do: :info
+  defp absl_level("W"), do: :warning
+  defp absl_level(_error_or_fatal), do: :error
 
   defp last_lines(state) do
     case :queue.to_list(state.lines) do
