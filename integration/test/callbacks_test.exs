@@ -69,9 +69,7 @@ defmodule XlaNode.CallbacksTest do
     Harness.connect!(node)
     peer = Harness.start_peer(nil, [], cleanup: false)
     [{Servers, servers_binary}] = Code.compile_string(@servers)
-
-    {:module, _} =
-      Harness.peer_call(peer, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
+    {:module, _} = Harness.peer_call(peer, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
 
     on_exit(fn ->
       Harness.stop_peer(peer)
@@ -95,14 +93,9 @@ defmodule XlaNode.CallbacksTest do
     """
   end
 
-  defp f32(list),
-    do: {for(v <- list, into: <<>>, do: <<v::float-32-little>>), {{:f, 32}, [length(list)]}}
-
+  defp f32(list), do: {for(v <- list, into: <<>>, do: <<v::float-32-little>>), {{:f, 32}, [length(list)]}}
   defp to_f32(bin), do: for(<<v::float-32-little <- bin>>, do: v)
-
-  defp call(node, request, timeout \\ 30_000),
-    do: GenServer.call({:xla, node.name}, request, timeout)
-
+  defp call(node, request, timeout \\ 30_000), do: GenServer.call({:xla, node.name}, request, timeout)
   defp on_peer(peer, fun, args), do: Harness.peer_call(peer, Servers, fun, args)
 
   defp compile!(node, mlir) do
@@ -110,26 +103,15 @@ defmodule XlaNode.CallbacksTest do
     exe
   end
 
-  test "a callback reaches a process on a third node, by pid and by {name, node}", %{
-    node: node,
-    peer: peer
-  } do
+  test "a callback reaches a process on a third node, by pid and by {name, node}", %{node: node, peer: peer} do
     exe = compile!(node, exla_module({:add_one, 1}))
     server = on_peer(peer, :add_one, [:cb_add_one])
 
-    assert {:ok, [{bin, {{:f, 32}, [4]}}]} =
-             call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
-
+    assert {:ok, [{bin, {{:f, 32}, [4]}}]} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
     assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
     assert on_peer(peer, :seen, [{:add_one, 1}]) == [4]
 
-    assert {:ok, [{bin, _}]} =
-             call(
-               node,
-               {:run, exe, [f32([0.0, 0.0, 0.0, 0.0])],
-                [callback_server: {:cb_add_one, peer.node}]}
-             )
-
+    assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([0.0, 0.0, 0.0, 0.0])], [callback_server: {:cb_add_one, peer.node}]})
     assert to_f32(bin) == [1.0, 1.0, 1.0, 1.0]
     assert node.name in Harness.peer_call(peer, Node, :list, [:hidden])
   end
@@ -141,87 +123,47 @@ defmodule XlaNode.CallbacksTest do
     pid =
       spawn(fn ->
         receive do
-          {:exla_runtime_call, :local_name, [{bin, {{:f, 32}, [4]}}], {pid, ref}} ->
-            send(pid, {ref, {:ok, [bin]}})
+          {:exla_runtime_call, :local_name, [{bin, {{:f, 32}, [4]}}], {pid, ref}} -> send(pid, {ref, {:ok, [bin]}})
         end
       end)
 
     Process.register(pid, name)
-
-    assert {:ok, [{bin, _}]} =
-             call(node, {:run, exe, [f32([5.0, 6.0, 7.0, 8.0])], [callback_server: name]})
-
+    assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([5.0, 6.0, 7.0, 8.0])], [callback_server: name]})
     assert to_f32(bin) == [5.0, 6.0, 7.0, 8.0]
   end
 
-  test "wrong reply size and error replies fail the run with clear errors", %{
-    node: node,
-    peer: peer
-  } do
+  test "wrong reply size and error replies fail the run with clear errors", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:checked))
 
     server = on_peer(peer, :replying, [{:ok, [<<1, 2, 3>>]}])
-
-    assert {:error, {:runtime_error, m}} =
-             call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
-
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
     assert m =~ ":checked" and m =~ "16" and m =~ "3"
 
     server = on_peer(peer, :replying, [{:error, {:argument_error, "shape mismatch"}}])
-
-    assert {:error, {:runtime_error, m}} =
-             call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
-
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server]})
     assert m =~ "elixir callback returned argument_error: shape mismatch"
 
     assert call(node, :ping) == :pong
   end
 
-  test "a callback server that dies mid-wait fails the run at once, naming it", %{
-    node: node,
-    peer: peer
-  } do
+  test "a callback server that dies mid-wait fails the run at once, naming it", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:dies))
     server = on_peer(peer, :dying_on_call, [:boom])
-
-    {us, reply} =
-      :timer.tc(fn ->
-        call(
-          node,
-          {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-           [callback_server: server, callback_timeout: 20_000]}
-        )
-      end)
-
+    {us, reply} = :timer.tc(fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 20_000]}) end)
     assert {:error, {:runtime_error, m}} = reply
     assert m =~ "boom" and m =~ Atom.to_string(peer.node)
     assert us < 10_000_000, "the run waited for the timeout instead of noticing the exit"
 
     unregistered = {:nobody_here, peer.node}
-
-    assert {:error, {:runtime_error, m}} =
-             call(
-               node,
-               {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-                [callback_server: unregistered, callback_timeout: 20_000]}
-             )
-
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: unregistered, callback_timeout: 20_000]})
     assert m =~ "noproc"
   end
 
-  test "a registered name is watched afresh after its process dies and the name is taken again",
-       %{node: node, peer: peer} do
+  test "a registered name is watched afresh after its process dies and the name is taken again", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:again))
     name = :"cb_again_#{System.unique_integer([:positive])}"
     target = {name, peer.node}
-
-    run = fn ->
-      call(
-        node,
-        {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-         [callback_server: target, callback_timeout: 20_000]}
-      )
-    end
+    run = fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: target, callback_timeout: 20_000]}) end
 
     first = on_peer(peer, :add_one, [name])
     assert {:ok, [{bin, _}]} = run.()
@@ -242,9 +184,7 @@ defmodule XlaNode.CallbacksTest do
     assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
   end
 
-  test "a requester that dies abandons its run at once, also after earlier runs of it", %{
-    peer: peer
-  } do
+  test "a requester that dies abandons its run at once, also after earlier runs of it", %{peer: peer} do
     # A node of its own, so that its callback counters are this test's alone.
     node = Harness.start_node()
     Harness.connect!(node)
@@ -258,24 +198,12 @@ defmodule XlaNode.CallbacksTest do
         # A first run leaves the node watching this requester.
         {:ok, _} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: adder]})
         send(test, :first_run_done)
-
-        call(
-          node,
-          {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-           [callback_server: silent, callback_timeout: 60_000]},
-          120_000
-        )
+        call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: silent, callback_timeout: 60_000]}, 120_000)
       end)
 
     assert_receive :first_run_done, 10_000
-
-    pending = fn ->
-      {:ok, %{callbacks: %{pending: p}}} = call(node, :info)
-      p
-    end
-
-    assert wait_until(fn -> pending.() == 1 end),
-           "the second run's callback never started waiting"
+    pending = fn -> {:ok, %{callbacks: %{pending: p}}} = call(node, :info); p end
+    assert wait_until(fn -> pending.() == 1 end), "the second run's callback never started waiting"
 
     Process.exit(requester, :kill)
     assert wait_until(fn -> pending.() == 0 end), "the dead requester's callback still waits"
@@ -294,40 +222,17 @@ defmodule XlaNode.CallbacksTest do
   test "a silent callback server times out", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:silent))
     server = on_peer(peer, :silent, [])
-
-    assert {:error, {:runtime_error, m}} =
-             call(
-               node,
-               {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-                [callback_server: server, callback_timeout: 300]}
-             )
-
+    assert {:error, {:runtime_error, m}} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 300]})
     assert m =~ "timed out"
     assert call(node, :ping) == :pong
   end
 
-  test "a callback server whose node goes down fails the run at once", %{
-    node: node,
-    servers_binary: servers_binary
-  } do
+  test "a callback server whose node goes down fails the run at once", %{node: node, servers_binary: servers_binary} do
     exe = compile!(node, exla_module(:node_down))
     other = Harness.start_peer()
-
-    {:module, _} =
-      Harness.peer_call(other, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
-
+    {:module, _} = Harness.peer_call(other, :code, :load_binary, [Servers, ~c"servers.ex", servers_binary])
     server = Harness.peer_call(other, Servers, :silent, [])
-
-    task =
-      Task.async(fn ->
-        call(
-          node,
-          {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])],
-           [callback_server: server, callback_timeout: 30_000]},
-          60_000
-        )
-      end)
-
+    task = Task.async(fn -> call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: server, callback_timeout: 30_000]}, 60_000) end)
     Process.sleep(500)
     Harness.signal_peer(other, "KILL")
     assert {:error, {:runtime_error, m}} = Task.await(task, 20_000)
@@ -340,45 +245,28 @@ defmodule XlaNode.CallbacksTest do
     assert m =~ "callback_server"
   end
 
-  test "with --callback-spin-us 0 waiting runs sleep at once and callbacks still answer", %{
-    peer: peer
-  } do
+  test "with --callback-spin-us 0 waiting runs sleep at once and callbacks still answer", %{peer: peer} do
     node = Harness.start_node(args: ["--callback-spin-us", "0"])
     Harness.connect!(node)
     exe = compile!(node, exla_module(:no_spin))
     server = on_peer(peer, :add_one, [])
 
     for i <- 1..50 do
-      assert {:ok, [{bin, _}]} =
-               call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
-
+      assert {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
       assert to_f32(bin) == [i + 1.0, 1.0, 1.0, 1.0]
     end
   end
 
-  test "a run of a quick program waiting on a slow callback leaves the node serving everyone else",
-       %{node: node, peer: peer} do
+  test "a run of a quick program waiting on a slow callback leaves the node serving everyone else", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:warm_then_slow))
     quick = on_peer(peer, :add_one, [])
-
-    one = fn i ->
-      {:ok, [{bin, _}]} =
-        call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: quick]})
-
-      to_f32(bin)
-    end
-
+    one = fn i -> {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: quick]}); to_f32(bin) end
     # Many quick runs first: the node learns the program is brief and starts its runs on a
     # network worker, handing the worker over only while a callback waits.
-    for i <- 1..50, do: assert(one.(i) == [i + 1.0, 1.0, 1.0, 1.0])
+    for i <- 1..50, do: assert one.(i) == [i + 1.0, 1.0, 1.0, 1.0]
 
     slow = on_peer(peer, :slow_echo, [self(), 2_000])
-
-    task =
-      Task.async(fn ->
-        call(node, {:run, exe, [f32([7.0, 7.0, 7.0, 7.0])], [callback_server: slow]})
-      end)
-
+    task = Task.async(fn -> call(node, {:run, exe, [f32([7.0, 7.0, 7.0, 7.0])], [callback_server: slow]}) end)
     assert_receive :slow_request_seen, 5_000
 
     for i <- 1..20 do
@@ -396,22 +284,15 @@ defmodule XlaNode.CallbacksTest do
     {:ok, %{callbacks: before}} = call(node, :info)
 
     slow = on_peer(peer, :slow_echo, [self(), 300])
-
-    assert {:ok, [_]} =
-             call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: slow]})
+    assert {:ok, [_]} = call(node, {:run, exe, [f32([1.0, 2.0, 3.0, 4.0])], [callback_server: slow]})
 
     {:ok, %{callbacks: now}} = call(node, :info)
     assert now.replies - before.replies == 1
     waited_ms = (now.reply_wait_us - before.reply_wait_us) / 1000
-
-    assert waited_ms >= 300 and waited_ms < 5_000,
-           "waited #{waited_ms} ms for a reply sent after 300 ms"
+    assert waited_ms >= 300 and waited_ms < 5_000, "waited #{waited_ms} ms for a reply sent after 300 ms"
   end
 
-  test "many concurrent runs with callbacks to two nodes are all correct", %{
-    node: node,
-    peer: peer
-  } do
+  test "many concurrent runs with callbacks to two nodes are all correct", %{node: node, peer: peer} do
     exe = compile!(node, exla_module(:many))
     remote = on_peer(peer, :add_one, [])
 
@@ -420,9 +301,7 @@ defmodule XlaNode.CallbacksTest do
         loop = fn loop ->
           receive do
             {:exla_runtime_call, :many, [{bin, _}], {pid, ref}} ->
-              out =
-                for <<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>
-
+              out = for <<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>
               send(pid, {ref, {:ok, [out]}})
           end
 
@@ -436,10 +315,7 @@ defmodule XlaNode.CallbacksTest do
     |> Task.async_stream(
       fn i ->
         server = if rem(i, 2) == 0, do: remote, else: local
-
-        {:ok, [{bin, _}]} =
-          call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
-
+        {:ok, [{bin, _}]} = call(node, {:run, exe, [f32([i * 1.0, 0.0, 0.0, 0.0])], [callback_server: server]})
         {i, to_f32(bin)}
       end,
       max_concurrency: 16,

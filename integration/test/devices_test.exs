@@ -203,9 +203,7 @@ defmodule XlaNode.DevicesTest do
   defp block(data, dims, blocks, at) do
     shard = Enum.zip_with(dims, blocks, &div/2)
     values = List.to_tuple(f32_list(data))
-
-    strides =
-      dims |> Enum.reverse() |> Enum.scan(&(&1 * &2)) |> Enum.reverse() |> tl() |> Kernel.++([1])
+    strides = dims |> Enum.reverse() |> Enum.scan(&(&1 * &2)) |> Enum.reverse() |> tl() |> Kernel.++([1])
 
     for index <- indices(shard), into: <<>> do
       offset =
@@ -247,12 +245,7 @@ defmodule XlaNode.DevicesTest do
         args = for i <- 0..(length(arg_dims) - 1), do: File.read!(Path.join(dir, "arg_#{i}.bin"))
         expected = f32_list(File.read!(Path.join(dir, "result.bin")))
 
-        {:ok, exe} =
-          call(
-            node,
-            {:compile, File.read!(Path.join(dir, "module.mlir")), [devices: [0, 1, 2, 3]]}
-          )
-
+        {:ok, exe} = call(node, {:compile, File.read!(Path.join(dir, "module.mlir")), [devices: [0, 1, 2, 3]]})
         {:ok, %{results: [{{:f, 32}, shard_dims}]}} = call(node, {:describe, exe})
         coords = for d <- 0..3, do: mesh_coords(d, mesh)
 
@@ -277,7 +270,6 @@ defmodule XlaNode.DevicesTest do
 
         for {[{data, {{:f, 32}, dims}}], c} <- Enum.zip(results, coords) do
           assert dims == shard_dims
-
           at =
             for i <- 0..(length(blocks) - 1) do
               case Enum.find_index(split_dims, &(&1 == i)) do
@@ -289,8 +281,7 @@ defmodule XlaNode.DevicesTest do
           got = f32_list(data)
           want = f32_list(block(whole, result_dims, blocks, at))
 
-          assert length(got) == length(want) and length(got) > 0 and
-                   Enum.all?(Enum.zip(got, want), fn {g, w} -> abs(g - w) <= 1.0e-5 end),
+          assert length(got) == length(want) and length(got) > 0 and Enum.all?(Enum.zip(got, want), fn {g, w} -> abs(g - w) <= 1.0e-5 end),
                  "device at #{inspect(c)}: got #{inspect(got)}, JAX gives #{inspect(want)}"
         end
       end

@@ -39,9 +39,7 @@ defmodule XlaNode.KernelsTest do
   # form a user writes with XlaNode.MLIR: EXLA's (api_version = 4, backend_config).
   defp kernel_call(target, params, results, config \\ []) do
     M.module(fn ->
-      M.function("main", params, fn args ->
-        M.custom_call(target, args, results, backend_config: config)
-      end)
+      M.function("main", params, fn args -> M.custom_call(target, args, results, backend_config: config) end)
     end)
   end
 
@@ -53,9 +51,7 @@ defmodule XlaNode.KernelsTest do
   end
 
   defp assert_close(got, expected) do
-    assert Enum.all?(Enum.zip(got, expected), fn {g, e} ->
-             abs(g - e) <= 1.0e-5 * max(1.0, abs(e))
-           end),
+    assert Enum.all?(Enum.zip(got, expected), fn {g, e} -> abs(g - e) <= 1.0e-5 * max(1.0, abs(e)) end),
            "got #{inspect(got)}, expected #{inspect(expected)}"
   end
 
@@ -66,8 +62,7 @@ defmodule XlaNode.KernelsTest do
 
     System.cmd(
       "timeout",
-      ["30", Harness.bin_path(), "--sname", name, "--cookie", "#{Harness.cookie()}"] ++
-        Harness.node_args() ++ args,
+      ["30", Harness.bin_path(), "--sname", name, "--cookie", "#{Harness.cookie()}"] ++ Harness.node_args() ++ args,
       stderr_to_stdout: true,
       env: [{"XLA_NODE_LOG", "warn"}]
     )
@@ -83,14 +78,7 @@ defmodule XlaNode.KernelsTest do
       assert length(info.kernels) == length(@symbols)
 
       add = Enum.find(info.kernels, &(&1.target == "xn_add_scaled"))
-
-      assert add == %{
-               target: "xn_add_scaled",
-               library: @ffi02,
-               symbol: "xn_add_scaled",
-               ffi_version: "0.2",
-               shimmed: false
-             }
+      assert add == %{target: "xn_add_scaled", library: @ffi02, symbol: "xn_add_scaled", ffi_version: "0.2", shimmed: false}
 
       xs = [0.5, -1.25, 3.0, 0.0, 10.0, -7.5]
       exe = XlaNode.compile!(node.name, add_scaled_module(2.5, [2, 3]))
@@ -136,56 +124,29 @@ defmodule XlaNode.KernelsTest do
       [scalars, arrays, name, dict] = XlaNode.run!(node.name, exe, [])
 
       assert Tensor.to_list(scalars) ==
-               [
-                 -8.0,
-                 -1600.0,
-                 -320_000.0,
-                 -6_400_000_000.0,
-                 200.0,
-                 60000.0,
-                 4_000_000_000.0,
-                 9_000_000_000_000.0,
-                 1.5,
-                 -2.25,
-                 1.0
-               ]
+               [-8.0, -1600.0, -320_000.0, -6_400_000_000.0, 200.0, 60000.0, 4_000_000_000.0, 9_000_000_000_000.0, 1.5, -2.25, 1.0]
 
       assert Tensor.to_list(arrays) == [1.0, -2.0, 3.0, 0.5, 1.5]
       assert elem(name, 0) == "héllo"
       assert Tensor.to_list(dict) == [7.0, 0.25, 4.0]
     end
 
-    test "a kernel's error fails the run with its message, and the node keeps serving", %{
-      node: node
-    } do
-      failing =
-        kernel_call("xn_fail", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [
-          {"message", ~s("no luck today")}
-        ])
+    test "a kernel's error fails the run with its message, and the node keeps serving", %{node: node} do
+      failing = kernel_call("xn_fail", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [{"message", ~s("no luck today")}])
 
       exe = XlaNode.compile!(node.name, failing)
-
-      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} =
-               XlaNode.run(node.name, exe, [f32([1.0, 2.0])])
-
+      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.run(node.name, exe, [f32([1.0, 2.0])])
       assert message =~ "xn_fail: no luck today"
 
       # Attributes the kernel cannot decode are its error too, not the node's.
-      wrong =
-        kernel_call("xn_add_scaled", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [
-          {"n", ~s("not a number")}
-        ])
+      wrong = kernel_call("xn_add_scaled", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}], [{"n", ~s("not a number")}])
 
       exe2 = XlaNode.compile!(node.name, wrong)
-
-      assert {:error, %XlaNode.Error{kind: :runtime_error}} =
-               XlaNode.run(node.name, exe2, [f32([1.0, 2.0])])
-
+      assert {:error, %XlaNode.Error{kind: :runtime_error}} = XlaNode.run(node.name, exe2, [f32([1.0, 2.0])])
       assert :pong = XlaNode.ping(node.name)
     end
 
-    test "a kernel's error in a run answered at launch reaches the caller at the next use of its results",
-         %{node: node} do
+    test "a kernel's error in a run answered at launch reaches the caller at the next use of its results", %{node: node} do
       # A matrix product of 1024x1024 before the kernel: XLA's CPU client runs that on its own
       # threads, after the launch.
       n = 1024
@@ -203,37 +164,24 @@ defmodule XlaNode.KernelsTest do
       x = f32(List.duplicate(1.0, n * n)) |> then(fn {data, _} -> {data, t} end)
 
       {:ok, [buffer]} = XlaNode.run(node.name, exe, [x], keep_on_device: true)
-
-      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} =
-               XlaNode.read(node.name, buffer)
-
+      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.read(node.name, buffer)
       assert message =~ "xn_fail: late news"
       # A run taking it meets the same error; the node keeps serving.
-      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} =
-               XlaNode.run(node.name, exe, [buffer])
-
+      assert {:error, %XlaNode.Error{kind: :runtime_error, message: message}} = XlaNode.run(node.name, exe, [buffer])
       assert message =~ "xn_fail: late news"
       assert :pong = XlaNode.ping(node.name)
     end
 
-    test "a program naming a target that is not loaded: a compile error listing the loaded kernels",
-         %{node: node} do
+    test "a program naming a target that is not loaded: a compile error listing the loaded kernels", %{node: node} do
       text = kernel_call("xn_nowhere", [{{:f, 32}, [2]}], [{{:f, 32}, [2]}])
 
-      assert {:error, %XlaNode.Error{kind: :compile_error, message: message}} =
-               XlaNode.compile(node.name, text)
-
+      assert {:error, %XlaNode.Error{kind: :compile_error, message: message}} = XlaNode.compile(node.name, text)
       assert message =~ "No FFI handler registered for xn_nowhere"
       assert message =~ "Loaded kernels: xn_add_scaled (#{@ffi02}:xn_add_scaled)"
     end
 
-    test "1,000 runs alternating a failing and a working kernel call leave nothing behind", %{
-      node: node
-    } do
-      fail =
-        kernel_call("xn_fail", [{{:f, 32}, []}], [{{:f, 32}, []}], [
-          {"message", ~s("every other time")}
-        ])
+    test "1,000 runs alternating a failing and a working kernel call leave nothing behind", %{node: node} do
+      fail = kernel_call("xn_fail", [{{:f, 32}, []}], [{{:f, 32}, []}], [{"message", ~s("every other time")}])
 
       inc = kernel_call("xn_increment", [{{:f, 32}, []}], [{{:f, 32}, []}])
 
@@ -243,10 +191,7 @@ defmodule XlaNode.KernelsTest do
 
       for i <- 1..500 do
         x = Tensor.scalar(i * 1.0, {:f, 32})
-
-        assert {:error, %XlaNode.Error{kind: :runtime_error}} =
-                 XlaNode.run(node.name, fail_exe, [x])
-
+        assert {:error, %XlaNode.Error{kind: :runtime_error}} = XlaNode.run(node.name, fail_exe, [x])
         assert [y] = XlaNode.run!(node.name, inc_exe, [x])
         assert Tensor.to_number(y) == i + 1.0
       end
@@ -254,42 +199,31 @@ defmodule XlaNode.KernelsTest do
       # A run's reply leaves before the node counts the run finished: read :info once the last
       # one is counted.
       keys = [:executables, :buffers, :runs_running, :runs_queued, :processes]
-
-      settled? = fn info ->
-        info.runs - before.runs == 1_000 and Enum.all?(keys, &(info[&1] == before[&1]))
-      end
-
+      settled? = fn info -> info.runs - before.runs == 1_000 and Enum.all?(keys, &(info[&1] == before[&1])) end
       Harness.eventually(fn -> settled?.(elem(XlaNode.info(node.name), 1)) end)
       {:ok, after_runs} = XlaNode.info(node.name)
       assert after_runs.runs - before.runs == 1_000
       assert after_runs.run_errors - before.run_errors == 500
 
       for key <- keys do
-        assert after_runs[key] == before[key],
-               "#{key}: #{before[key]} before, #{after_runs[key]} after"
+        assert after_runs[key] == before[key], "#{key}: #{before[key]} before, #{after_runs[key]} after"
       end
     end
   end
 
   describe "start-up refuses" do
     test "a missing file, a file that is no library, a missing symbol, a taken target", %{} do
-      not_a_library =
-        Path.join(System.tmp_dir!(), "xn_not_a_library_#{System.unique_integer([:positive])}.so")
-
+      not_a_library = Path.join(System.tmp_dir!(), "xn_not_a_library_#{System.unique_integer([:positive])}.so")
       File.write!(not_a_library, "just text")
       on_exit(fn -> File.rm(not_a_library) end)
 
       for {args, expected} <- [
-            {["--kernel", "k1=/nonexistent/libk.so:xn_add_scaled"],
-             ~r"kernel k1 \(/nonexistent/libk.so, symbol xn_add_scaled\): cannot open the library"},
-            {["--kernel", "k2=#{not_a_library}:xn_add_scaled"],
-             ~r"kernel k2 .*not a loadable shared library"},
-            {["--kernel", "k3=#{@ffi02}:no_such_symbol"],
-             ~r"kernel k3 .*no exported symbol no_such_symbol"},
+            {["--kernel", "k1=/nonexistent/libk.so:xn_add_scaled"], ~r"kernel k1 \(/nonexistent/libk.so, symbol xn_add_scaled\): cannot open the library"},
+            {["--kernel", "k2=#{not_a_library}:xn_add_scaled"], ~r"kernel k2 .*not a loadable shared library"},
+            {["--kernel", "k3=#{@ffi02}:no_such_symbol"], ~r"kernel k3 .*no exported symbol no_such_symbol"},
             {["--kernel", "k4=#{@ffi02}:xn_add_scaled", "--kernel", "k4=#{@ffi02}:xn_increment"],
              ~r"kernel k4 .*symbol xn_increment\): target k4 is already served by #{Regex.escape(@ffi02)} \(symbol xn_add_scaled\)"},
-            {["--kernel", "exla_runtime_callback=#{@ffi02}:xn_add_scaled"],
-             ~r"one of xla_node's own callback targets"},
+            {["--kernel", "exla_runtime_callback=#{@ffi02}:xn_add_scaled"], ~r"one of xla_node's own callback targets"},
             {["--kernel", "bad"], ~r"expected TARGET=PATH:SYMBOL"}
           ] do
         {out, status} = start_failing(args)
@@ -309,17 +243,11 @@ defmodule XlaNode.KernelsTest do
 
   describe "the version shim" do
     test "runs an FFI 0.3 kernel, with results identical to the FFI 0.2 build" do
-      node03 =
-        Harness.start_node(
-          args: ["--kernel-version-shim" | kernel_args(@ffi03, ~w(xn_add_scaled xn_fail))]
-        )
-
+      node03 = Harness.start_node(args: ["--kernel-version-shim" | kernel_args(@ffi03, ~w(xn_add_scaled xn_fail))])
       node02 = Harness.start_node(args: kernel_args(@ffi02, ~w(xn_add_scaled)))
 
       {:ok, info} = XlaNode.info(node03.name)
-
-      assert %{ffi_version: "0.3", shimmed: true} =
-               Enum.find(info.kernels, &(&1.target == "xn_add_scaled"))
+      assert %{ffi_version: "0.3", shimmed: true} = Enum.find(info.kernels, &(&1.target == "xn_add_scaled"))
 
       xs = Tensor.from_list([1.0, -0.5, 3.25, 1.0e-30, -1.0e30, 0.0], {:f, 32}, [6])
       text = add_scaled_module(0.75, [6])
@@ -329,8 +257,7 @@ defmodule XlaNode.KernelsTest do
       assert y03 == y02
 
       # Errors of a shimmed kernel come through as well.
-      fail =
-        kernel_call("xn_fail", [{{:f, 32}, [1]}], [{{:f, 32}, [1]}], [{"message", ~s("shimmed")}])
+      fail = kernel_call("xn_fail", [{{:f, 32}, [1]}], [{{:f, 32}, [1]}], [{"message", ~s("shimmed")}])
 
       assert {:error, %XlaNode.Error{kind: :runtime_error, message: "xn_fail: shimmed" <> _}} =
                XlaNode.run(node03.name, XlaNode.compile!(node03.name, fail), [f32([1.0])])
@@ -363,19 +290,9 @@ defmodule XlaNode.KernelsTest do
       %{dir: dir, node: Harness.start_node(args: ["--kernel-dir", dir])}
     end
 
-    test "loads, is idempotent, refuses a taken target, and serves programs", %{
-      node: node,
-      dir: dir
-    } do
+    test "loads, is idempotent, refuses a taken target, and serves programs", %{node: node, dir: dir} do
       assert :ok = XlaNode.load_kernel(node.name, "xn_add_scaled", "libk02.so", "xn_add_scaled")
-
-      assert :ok =
-               XlaNode.load_kernel(
-                 node.name,
-                 "xn_add_scaled",
-                 Path.join(dir, "libk02.so"),
-                 "xn_add_scaled"
-               )
+      assert :ok = XlaNode.load_kernel(node.name, "xn_add_scaled", Path.join(dir, "libk02.so"), "xn_add_scaled")
 
       assert {:error, %XlaNode.Error{kind: :kernel_error, message: message}} =
                XlaNode.load_kernel(node.name, "xn_add_scaled", "libk02.so", "xn_increment")
@@ -392,44 +309,29 @@ defmodule XlaNode.KernelsTest do
     end
 
     test "clear errors for what cannot be loaded", %{node: node, dir: dir} do
-      outside =
-        Path.join(System.tmp_dir!(), "xn_outside_#{System.unique_integer([:positive])}.so")
-
+      outside = Path.join(System.tmp_dir!(), "xn_outside_#{System.unique_integer([:positive])}.so")
       File.cp!(@ffi02, outside)
       on_exit(fn -> File.rm(outside) end)
 
       for {args, expected} <- [
-            {["k_out", outside, "xn_add_scaled"],
-             "outside the directories allowed by --kernel-dir (#{dir})"},
-            {["k_up", "../#{Path.basename(outside)}", "xn_add_scaled"],
-             "outside the directories allowed by --kernel-dir"},
+            {["k_out", outside, "xn_add_scaled"], "outside the directories allowed by --kernel-dir (#{dir})"},
+            {["k_up", "../#{Path.basename(outside)}", "xn_add_scaled"], "outside the directories allowed by --kernel-dir"},
             {["k_missing", "nothing.so", "xn_add_scaled"], "no such library: nothing.so"},
             {["k_text", "notes.so", "xn_add_scaled"], "not a loadable shared library"},
             {["k_sym", "libk02.so", "nope"], "no exported symbol nope"},
             {["k_v3", "libk03.so", "xn_add_scaled"], "built against XLA FFI 0.3 headers"}
           ] do
-        assert {:error, %XlaNode.Error{kind: :kernel_error, message: message}} =
-                 apply(XlaNode, :load_kernel, [node.name | args])
-
+        assert {:error, %XlaNode.Error{kind: :kernel_error, message: message}} = apply(XlaNode, :load_kernel, [node.name | args])
         assert message =~ expected
       end
 
-      assert {:error, %XlaNode.Error{kind: :argument_error}} =
-               XlaNode.load_kernel(node.name, "", "libk02.so", "xn_add_scaled")
-
-      assert_raise ArgumentError, ~r/option :version_shim must be a boolean/, fn ->
-        XlaNode.load_kernel(node.name, "k", "libk02.so", "s", version_shim: :yes)
-      end
-
+      assert {:error, %XlaNode.Error{kind: :argument_error}} = XlaNode.load_kernel(node.name, "", "libk02.so", "xn_add_scaled")
+      assert_raise ArgumentError, ~r/option :version_shim must be a boolean/, fn -> XlaNode.load_kernel(node.name, "k", "libk02.so", "s", version_shim: :yes) end
       assert {:ok, %{kernels: []}} = XlaNode.info(node.name)
     end
 
     test "version_shim: true loads an FFI 0.3 kernel", %{node: node} do
-      assert :ok =
-               XlaNode.load_kernel(node.name, "xn_add_scaled", "libk03.so", "xn_add_scaled",
-                 version_shim: true
-               )
-
+      assert :ok = XlaNode.load_kernel(node.name, "xn_add_scaled", "libk03.so", "xn_add_scaled", version_shim: true)
       {:ok, info} = XlaNode.info(node.name)
       assert [%{ffi_version: "0.3", shimmed: true}] = info.kernels
 
@@ -452,9 +354,7 @@ defmodule XlaNode.KernelsTest do
 
     # Another BEAM node that was connected to it carries on, and sees the node gone.
     refute node.name in Harness.peer_call(peer, :erlang, :nodes, [:hidden])
-
-    assert {:error, %XlaNode.Error{kind: :nodedown}} =
-             Harness.peer_call(peer, XlaNode, :ping, [node.name])
+    assert {:error, %XlaNode.Error{kind: :nodedown}} = Harness.peer_call(peer, XlaNode, :ping, [node.name])
   end
 
   test "without --kernel-dir, run-time loading is refused with a message naming the flag" do
@@ -479,11 +379,7 @@ defmodule XlaNode.KernelsTest do
         )
 
       assert status == 0, "JAX cross-check script failed:\n#{log}"
-
-      %{
-        out: out,
-        node: Harness.start_node(args: kernel_args(@ffi02, ~w(xn_add_scaled xn_sum_max)))
-      }
+      %{out: out, node: Harness.start_node(args: kernel_args(@ffi02, ~w(xn_add_scaled xn_sum_max)))}
     end
 
     defp read_case(dir) do
@@ -509,13 +405,7 @@ defmodule XlaNode.KernelsTest do
     test "EXLA's form of the same call gives the same bits", %{out: out, node: node} do
       {jax_module, {_, {_, dims}} = input, [expected]} = read_case(Path.join(out, "add_scaled"))
       assert jax_module =~ "mhlo.backend_config"
-
-      assert [^expected] =
-               XlaNode.run!(
-                 node.name,
-                 XlaNode.compile!(node.name, add_scaled_module(2.5, dims)),
-                 [input]
-               )
+      assert [^expected] = XlaNode.run!(node.name, XlaNode.compile!(node.name, add_scaled_module(2.5, dims)), [input])
     end
   end
 end

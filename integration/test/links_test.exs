@@ -143,9 +143,7 @@ defmodule XlaNode.LinksTest do
     pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     peer = Harness.start_peer()
-
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
 
     assert {:ok, :third_node_reason} =
              Harness.peer_call(peer, PeerHelpers, :link_and_exit, [pid, :third_node_reason])
@@ -158,10 +156,7 @@ defmodule XlaNode.LinksTest do
     pid = Harness.spawn_echo(node)
     ref = Process.monitor(pid)
     peer = Harness.start_peer()
-
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
-
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     _holder = Harness.peer_call(peer, PeerHelpers, :spawn_link_holder, [pid])
     # Round trip from the peer to the node so the LINK has arrived.
     assert {:ok, :pong} = Harness.peer_call(peer, PeerHelpers, :call, [pid, :ping])
@@ -174,10 +169,7 @@ defmodule XlaNode.LinksTest do
   test "a third node's process exiting normally does not end the linked worker", %{node: node} do
     pid = Harness.spawn_echo(node)
     peer = Harness.start_peer()
-
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
-
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     assert {:ok, :normal} = Harness.peer_call(peer, PeerHelpers, :link_and_exit, [pid, :normal])
     assert GenServer.call(pid, :ping) == :pong
   end

@@ -47,8 +47,7 @@ defmodule XlaNode.LivenessTest do
     Harness.connect!(node)
 
     exes =
-      for {kind, mlir} <- [tiny: @tiny, big: @big, callback: Load.callback_program(:liveness)],
-          into: %{} do
+      for {kind, mlir} <- [tiny: @tiny, big: @big, callback: Load.callback_program(:liveness)], into: %{} do
         {:ok, exe} = GenServer.call({:xla, node.name}, {:compile, mlir}, 60_000)
         {kind, exe}
       end
@@ -75,13 +74,7 @@ defmodule XlaNode.LivenessTest do
 
   defp fast_load(node, exes, peers, clients_per_peer, duration_ms) do
     on_peers(peers, fn peer ->
-      Harness.peer_call(
-        peer,
-        Load,
-        :run_clients,
-        [node.name, clients_per_peer, duration_ms, fast_mix(exes, peers, peer)],
-        200_000
-      )
+      Harness.peer_call(peer, Load, :run_clients, [node.name, clients_per_peer, duration_ms, fast_mix(exes, peers, peer)], 200_000)
     end)
   end
 
@@ -89,14 +82,7 @@ defmodule XlaNode.LivenessTest do
   defp slow_burst(node, exes, peers, count) do
     on_peers(peers, fn peer ->
       [other] = peers -- [peer]
-
-      Harness.peer_call(
-        peer,
-        Load,
-        :burst,
-        [node.name, exes.callback, {:liveness_slow, other.node}, div(count, length(peers))],
-        200_000
-      )
+      Harness.peer_call(peer, Load, :burst, [node.name, exes.callback, {:liveness_slow, other.node}, div(count, length(peers))], 200_000)
     end)
   end
 
@@ -109,16 +95,11 @@ defmodule XlaNode.LivenessTest do
   end
 
   defp with_watchdog(node, fun) do
-    watchdog =
-      Task.async(fn -> watch(node.name, System.monotonic_time(:millisecond), 0, 0, 0) end)
-
+    watchdog = Task.async(fn -> watch(node.name, System.monotonic_time(:millisecond), 0, 0, 0) end)
     result = fun.()
     send(watchdog.pid, :stop)
     %{pings: pings, timeouts: timeouts, max_ms: max_ms} = Task.await(watchdog, 5_000)
-
-    assert timeouts == 0,
-           "#{timeouts} of #{pings} pings timed out (1 s); the slowest answered in #{max_ms} ms"
-
+    assert timeouts == 0, "#{timeouts} of #{pings} pings timed out (1 s); the slowest answered in #{max_ms} ms"
     assert pings > 100
     result
   end
@@ -147,17 +128,11 @@ defmodule XlaNode.LivenessTest do
     info
   end
 
-  test "a large run, a callback run 2 ms later and a tiny run, then mixed fast load from 4 clients",
-       %{node: node, exes: exes, peers: [a, b] = peers} do
+  test "a large run, a callback run 2 ms later and a tiny run, then mixed fast load from 4 clients", %{node: node, exes: exes, peers: [a, b] = peers} do
     with_watchdog(node, fn ->
       big = Task.async(fn -> Load.request(node.name, {:big, exes.big}, 1) end)
       Process.sleep(2)
-
-      callback =
-        Task.async(fn ->
-          Load.request(node.name, {:callback, exes.callback, {:liveness_fast, b.node}}, 2)
-        end)
-
+      callback = Task.async(fn -> Load.request(node.name, {:callback, exes.callback, {:liveness_fast, b.node}}, 2) end)
       tiny = Task.async(fn -> Load.request(node.name, {:tiny, exes.tiny}, 3) end)
       assert Enum.map([big, callback, tiny], &Task.await(&1, 30_000)) == [:ok, :ok, :ok]
 
@@ -169,11 +144,7 @@ defmodule XlaNode.LivenessTest do
     assert %{callbacks: %{pending: 0, open_runs: 0}, runs_queued: 0} = info(node)
   end
 
-  test "50 runs waiting 2 s for their callbacks, with 4 fast clients alongside", %{
-    node: node,
-    exes: exes,
-    peers: peers
-  } do
+  test "50 runs waiting 2 s for their callbacks, with 4 fast clients alongside", %{node: node, exes: exes, peers: peers} do
     with_watchdog(node, fn ->
       slow = Task.async(fn -> slow_burst(node, exes, peers, 50) end)
       fast = fast_load(node, exes, peers, 2, 8_000)
@@ -181,17 +152,11 @@ defmodule XlaNode.LivenessTest do
       assert assert_all_answered(Task.await(slow, 200_000)) == 50
     end)
 
-    assert %{callbacks: %{pending: 0, open_runs: 0, replies: replies}, runs_queued: 0} =
-             info(node)
-
+    assert %{callbacks: %{pending: 0, open_runs: 0, replies: replies}, runs_queued: 0} = info(node)
     assert replies >= 50
   end
 
-  test "both loads at once: fast clients while bursts of 50 slow callback runs come and go", %{
-    node: node,
-    exes: exes,
-    peers: peers
-  } do
+  test "both loads at once: fast clients while bursts of 50 slow callback runs come and go", %{node: node, exes: exes, peers: peers} do
     with_watchdog(node, fn ->
       slow =
         Task.async(fn ->
@@ -209,47 +174,23 @@ defmodule XlaNode.LivenessTest do
   # The node's run limits (24 of 28) are set below the 32 computations XLA's CPU client holds
   # per device.
   @tag :cpu_only
-  test "beyond 24 runs that call back, the rest queue in the node; a run that cannot start within its queue_timeout fails",
-       %{node: node, exes: exes, peers: [_, b]} do
+  test "beyond 24 runs that call back, the rest queue in the node; a run that cannot start within its queue_timeout fails", %{node: node, exes: exes, peers: [_, b]} do
     slow = {:liveness_slow, b.node}
     x = Load.f32(1.0, 4)
-
-    waiting =
-      for _ <- 1..24,
-          do:
-            Task.async(fn ->
-              GenServer.call(
-                {:xla, node.name},
-                {:run, exes.callback, [x], [callback_server: slow]},
-                30_000
-              )
-            end)
-
+    waiting = for _ <- 1..24, do: Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
     assert Harness.eventually(fn -> info(node).runs_running == 24 end, 5_000, 25)
 
     # Runs without callbacks have places of their own.
     assert Load.request(node.name, {:tiny, exes.tiny}, 7) == :ok
 
     assert {:error, {:timeout, message}} =
-             GenServer.call(
-               {:xla, node.name},
-               {:run, exes.callback, [x], [callback_server: slow, queue_timeout: 100]},
-               10_000
-             )
+             GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow, queue_timeout: 100]}, 10_000)
 
     assert message =~ "could not start within its queue_timeout of 100 ms"
     assert message =~ "24 runs were executing (24 of them programs that call back"
 
     # Queued, counted in :info, and started once a place frees.
-    queued =
-      Task.async(fn ->
-        GenServer.call(
-          {:xla, node.name},
-          {:run, exes.callback, [x], [callback_server: slow]},
-          30_000
-        )
-      end)
-
+    queued = Task.async(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: slow]}, 30_000) end)
     assert Harness.eventually(fn -> info(node).runs_queued == 1 end, 5_000, 25)
     {bin, _} = x
     expected = Load.plus_one(bin)
@@ -257,38 +198,21 @@ defmodule XlaNode.LivenessTest do
 
     assert %{runs_running: 0, runs_queued: 0, queue_timeouts: 1} = info(node)
 
-    assert {:error, {:argument_error, text}} =
-             GenServer.call({:xla, node.name}, {:run, exes.tiny, [x], [queue_timeout: :soon]})
-
+    assert {:error, {:argument_error, text}} = GenServer.call({:xla, node.name}, {:run, exes.tiny, [x], [queue_timeout: :soon]})
     assert text =~ "queue_timeout must be a non-negative number of milliseconds or :infinity"
   end
 
   # Counts its runs against the same CPU-client limits.
   @tag :cpu_only
-  test "SIGTERM ends the node while its runs wait on callbacks that never answer", %{
-    node: node,
-    exes: exes,
-    peers: [_, b]
-  } do
+  test "SIGTERM ends the node while its runs wait on callbacks that never answer", %{node: node, exes: exes, peers: [_, b]} do
     silent = Harness.peer_call(b, :erlang, :spawn, [Process, :sleep, [:infinity]])
     x = Load.f32(1.0, 4)
 
     for _ <- 1..30 do
-      spawn(fn ->
-        GenServer.call(
-          {:xla, node.name},
-          {:run, exes.callback, [x], [callback_server: silent, callback_timeout: :infinity]},
-          :infinity
-        )
-      end)
+      spawn(fn -> GenServer.call({:xla, node.name}, {:run, exes.callback, [x], [callback_server: silent, callback_timeout: :infinity]}, :infinity) end)
     end
 
-    assert Harness.eventually(
-             fn -> match?(%{runs_running: 24, runs_queued: 6}, info(node)) end,
-             5_000,
-             25
-           )
-
+    assert Harness.eventually(fn -> match?(%{runs_running: 24, runs_queued: 6}, info(node)) end, 5_000, 25)
     assert Harness.stop_node(node, "TERM", 10_000) != :timeout
   end
 end

@@ -104,9 +104,7 @@ defmodule XlaNode.MonitorsTest do
     {:ok, %{processes: before}} = GenServer.call({:xla, node.name}, :info)
 
     peer = Harness.start_peer()
-
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
 
     for _ <- 1..20 do
       Harness.peer_call(peer, PeerHelpers, :spawn_monitor_holder, [pid])
@@ -134,10 +132,7 @@ defmodule XlaNode.MonitorsTest do
   test "monitors held by a peer that disconnects cleanly are purged", %{node: node} do
     pid = Harness.spawn_echo(node)
     peer = Harness.start_peer()
-
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
-
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     Harness.peer_call(peer, PeerHelpers, :spawn_monitor_holder, [pid])
     assert Harness.peer_call(peer, :erlang, :disconnect_node, [node.name]) == true
     assert {:ok, _} = Harness.wait_for_log(node, ["nodedown", Atom.to_string(peer.node)], 5_000)

@@ -11,8 +11,7 @@ defmodule XlaNode.MultiNodeTest do
     b = Harness.start_peer()
 
     for p <- [a, b] do
-      assert {true, {:ok, :pong}} =
-               Harness.peer_call(p, PeerHelpers, :connect_and_ping, [node.name])
+      assert {true, {:ok, :pong}} = Harness.peer_call(p, PeerHelpers, :connect_and_ping, [node.name])
     end
 
     %{node: node, a: a, b: b}
@@ -31,35 +30,25 @@ defmodule XlaNode.MultiNodeTest do
   test "concurrent calls from two nodes and the runner", %{node: node, a: a, b: b} do
     tasks =
       for p <- [a, b] do
-        Task.async(fn ->
-          Harness.peer_call(p, PeerHelpers, :concurrent_echoes, [node.name, 500], 60_000)
-        end)
+        Task.async(fn -> Harness.peer_call(p, PeerHelpers, :concurrent_echoes, [node.name, 500], 60_000) end)
       end
 
     local =
       1..200
-      |> Task.async_stream(fn i ->
-        GenServer.call({:xla, node.name}, {:echo, {:local, i}}) == {:local, i}
-      end)
+      |> Task.async_stream(fn i -> GenServer.call({:xla, node.name}, {:echo, {:local, i}}) == {:local, i} end)
       |> Enum.count(&(&1 == {:ok, true}))
 
     assert Enum.map(tasks, &Task.await(&1, 60_000)) == [500, 500]
     assert local == 200
   end
 
-  test "a worker spawned for one node is callable and monitorable from another", %{
-    node: node,
-    a: a,
-    b: b
-  } do
+  test "a worker spawned for one node is callable and monitorable from another", %{node: node, a: a, b: b} do
     {:ok, {:ok, pid}} = Harness.peer_call(a, PeerHelpers, :call, [{:xla, node.name}, :spawn_echo])
     assert {:ok, :pong} = Harness.peer_call(b, PeerHelpers, :call, [pid, :ping])
 
     # b's pid, echoed through the node by a, comes back to b intact.
     b_pid = Harness.peer_call(b, :erlang, :whereis, [:init])
-
-    assert {:ok, ^b_pid} =
-             Harness.peer_call(a, PeerHelpers, :call, [{:xla, node.name}, {:echo, b_pid}])
+    assert {:ok, ^b_pid} = Harness.peer_call(a, PeerHelpers, :call, [{:xla, node.name}, {:echo, b_pid}])
 
     ref = Process.monitor(pid)
     assert {:ok, :pong} = Harness.peer_call(b, PeerHelpers, :call, [pid, :ping])
@@ -78,18 +67,12 @@ defmodule XlaNode.MultiNodeTest do
 
   @tag :slow
   @tag timeout: 240_000
-  test "64 MiB echoes from two nodes at once while small pings go through", %{
-    node: node,
-    a: a,
-    b: b
-  } do
+  test "64 MiB echoes from two nodes at once while small pings go through", %{node: node, a: a, b: b} do
     size = 64 * 1024 * 1024
 
     big =
       for p <- [a, b] do
-        Task.async(fn ->
-          Harness.peer_call(p, PeerHelpers, :echo_big, [node.name, size], 200_000)
-        end)
+        Task.async(fn -> Harness.peer_call(p, PeerHelpers, :echo_big, [node.name, size], 200_000) end)
       end
 
     pinger =

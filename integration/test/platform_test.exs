@@ -74,17 +74,12 @@ defmodule XlaNode.PlatformTest do
       %{node: node, log: log}
     end
 
-    test "the node starts, says why callbacks are off once, and reports it in :info", %{
-      node: node,
-      log: log
-    } do
+    test "the node starts, says why callbacks are off once, and reports it in :info", %{node: node, log: log} do
       assert {:ok, info} = call(node, :info)
       assert %{platform: "xn_renamed", host_callbacks: false, devices: [_ | _] = devices} = info
       assert length(info.device_info) == length(devices)
 
-      lines =
-        log |> File.read!() |> String.split("\n") |> Enum.filter(&(&1 =~ "host callbacks off"))
-
+      lines = log |> File.read!() |> String.split("\n") |> Enum.filter(&(&1 =~ "host callbacks off"))
       assert [line] = lines
       assert line =~ ~s(the node has no host-callback handler for platform "xn_renamed")
     end
@@ -137,8 +132,7 @@ defmodule XlaNode.PlatformTest do
             {["--memory-fraction", "1.5"], "is not a fraction in (0, 1]"},
             {["--visible-devices", "0,x"], "is not a list of device ids"},
             {["--preallocate", "maybe"], "invalid value 'maybe'"},
-            {["--preallocate", "false", "--pjrt-option", "preallocate=true"],
-             "the plugin option preallocate is given twice"}
+            {["--preallocate", "false", "--pjrt-option", "preallocate=true"], "the plugin option preallocate is given twice"}
           ] do
         {status, out} = start_failing(args)
         assert status != 0, "#{inspect(args)} started"

@@ -212,10 +212,7 @@ defmodule XlaNode.ReadmeRequestsTest do
     assert {:ok, %{parameters: [@f32x4], results: [@f32x4], devices: []}} =
              call(node, {:describe, exe})
 
-    x =
-      {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>,
-       @f32x4}
-
+    x = {<<1.0::float-32-little, 2.0::float-32-little, 3.0::float-32-little, 4.0::float-32-little>>, @f32x4}
     {:ok, buffer} = call(node, {:to_device, x})
     assert {:ok, %{shape: @f32x4, device: 0}} = call(node, {:describe, buffer})
     assert {:ok, %{shape: @f32x4, device: 0}} = XlaNode.describe(node.name, buffer)

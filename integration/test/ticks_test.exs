@@ -15,13 +15,9 @@ defmodule XlaNode.TicksTest do
     node = Harness.start_node(net_ticktime: @ticktime)
 
     peer =
-      Harness.start_peer(nil, ["-kernel", "net_ticktime", "#{@ticktime}"],
-        connection: :standard_io
-      )
+      Harness.start_peer(nil, ["-kernel", "net_ticktime", "#{@ticktime}"], connection: :standard_io)
 
-    assert {true, {:ok, :pong}} =
-             Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
-
+    assert {true, {:ok, :pong}} = Harness.peer_call(peer, PeerHelpers, :connect_and_ping, [node.name])
     %{node: node, peer: peer}
   end
 
@@ -35,17 +31,9 @@ defmodule XlaNode.TicksTest do
   end
 
   @tag timeout: 60_000
-  test "a frozen (SIGSTOP) peer is declared down within about net_ticktime", %{
-    node: node,
-    peer: peer
-  } do
+  test "a frozen (SIGSTOP) peer is declared down within about net_ticktime", %{node: node, peer: peer} do
     Harness.signal_peer(peer, "STOP")
-
-    {ms, found} =
-      Harness.timed(fn ->
-        Harness.wait_for_log(node, ["nodedown", Atom.to_string(peer.node)], 15_000)
-      end)
-
+    {ms, found} = Harness.timed(fn -> Harness.wait_for_log(node, ["nodedown", Atom.to_string(peer.node)], 15_000) end)
     Harness.signal_peer(peer, "KILL")
     assert {:ok, _line} = found
     assert ms >= (@ticktime - 1) * 1000, "declared down after only #{ms} ms"

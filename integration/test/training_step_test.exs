@@ -209,7 +209,7 @@ defmodule XlaNode.TrainingStepTest do
 
     test "a free of something that is not a reference is an ArgumentError" do
       assert_raise ArgumentError, ~r/XlaNode.free_later\/1 takes the reference/, fn ->
-        XlaNode.free_later(:xla@host)
+        XlaNode.free_later(:"xla@host")
       end
     end
   end
@@ -311,10 +311,7 @@ defmodule XlaNode.TrainingStepTest do
       waited =
         Task.async(fn ->
           {:ok, [w]} =
-            call(
-              node,
-              {:run, exe, [x], [keep_on_device: true, wait: true, callback_server: test_pid]}
-            )
+            call(node, {:run, exe, [x], [keep_on_device: true, wait: true, callback_server: test_pid]})
 
           call(node, {:read, w})
         end)

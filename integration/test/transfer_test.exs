@@ -27,8 +27,7 @@ defmodule XlaNode.TransferTest do
       %{node: Harness.start_node(args: ["--max-message-bytes", "8M"])}
     end
 
-    test "a 40 MiB tensor goes in chunks and comes back bit for bit; the connection and its buffers stay",
-         %{node: node} do
+    test "a 40 MiB tensor goes in chunks and comes back bit for bit; the connection and its buffers stay", %{node: node} do
       assert info(node, :max_message_bytes) == 8 * @mib
       {:ok, small} = XlaNode.to_device(node.name, Tensor.from_list([1.0, 2.0], {:f, 32}))
       {data, shape} = tensor = random_f32(40 * @mib)
@@ -44,9 +43,7 @@ defmodule XlaNode.TransferTest do
       assert node.name in Node.list(:hidden)
     end
 
-    test "a 4-bit tensor of an odd element count goes and comes back in chunks, bit for bit", %{
-      node: node
-    } do
+    test "a 4-bit tensor of an odd element count goes and comes back in chunks, bit for bit", %{node: node} do
       count = 20 * @mib * 2 + 1
       data = <<:crypto.strong_rand_bytes(div(count, 2))::binary, 5::4>>
       assert {:ok, buf} = XlaNode.to_device(node.name, {data, {{:s, 4}, [count]}})
@@ -79,9 +76,7 @@ defmodule XlaNode.TransferTest do
 
     setup do
       node =
-        Harness.start_node(
-          args: ["--max-message-bytes", "8M", "--pjrt-option", "cpu_device_count=4"]
-        )
+        Harness.start_node(args: ["--max-message-bytes", "8M", "--pjrt-option", "cpu_device_count=4"])
 
       x = :crypto.strong_rand_bytes(@n)
       %{node: node, x: x, zeros: :binary.copy(<<0>>, @n)}
@@ -125,10 +120,7 @@ defmodule XlaNode.TransferTest do
       halves = fn data -> {data, {{:u, 8}, [half]}} end
 
       assert {:ok, [[{^x1, _}], [{^x2, _}]]} =
-               XlaNode.run(node.name, exe, [
-                 [halves.(x1), halves.(z1)],
-                 [halves.(x2), halves.(z2)]
-               ])
+               XlaNode.run(node.name, exe, [[halves.(x1), halves.(z1)], [halves.(x2), halves.(z2)]])
 
       assert node.name in Node.list(:hidden)
     end
@@ -145,7 +137,7 @@ defmodule XlaNode.TransferTest do
       {:ok, upload} = GenServer.call(server, {:upload, {{:f, 32}, [32, 32]}})
 
       for <<chunk::binary-size(1000) <- binary_part(data, 0, 4000)>>,
-        do: GenServer.cast(server, {:upload, upload, chunk})
+          do: GenServer.cast(server, {:upload, upload, chunk})
 
       # A chunk may also be a call, answered :ok.
       assert :ok = GenServer.call(server, {:upload, upload, binary_part(data, 4000, 96)})
@@ -167,14 +159,7 @@ defmodule XlaNode.TransferTest do
       {:ok, {:chunks, {{:f, 32}, [5, 4096]}, count, stream}} =
         GenServer.call(xla, {:read, buffer, [chunk_bytes: 32 * 1024]})
 
-      read =
-        for i <- 0..(count - 1),
-            into: <<>>,
-            do:
-              (receive do
-                 {:xla_chunk, ^stream, ^i, d} -> d
-               end)
-
+      read = for i <- 0..(count - 1), into: <<>>, do: (receive do {:xla_chunk, ^stream, ^i, d} -> d end)
       assert count == 3
       assert read == data
     end
@@ -216,10 +201,7 @@ defmodule XlaNode.TransferTest do
       assert {:error, {:argument_error, _}} = GenServer.call(server, {:upload, {{:u, 7}, [2]}})
       assert {:error, {:argument_error, m}} = GenServer.call(server, {:read, up})
       assert m =~ "is an upload not yet done"
-
-      assert {:error, {:argument_error, m}} =
-               GenServer.call(server, {:read, up, [chunk_bytes: 0]})
-
+      assert {:error, {:argument_error, m}} = GenServer.call(server, {:read, up, [chunk_bytes: 0]})
       assert m =~ "chunk_bytes must be a positive integer"
     end
 
@@ -245,11 +227,7 @@ defmodule XlaNode.TransferTest do
     test "{:free, refs} as a cast frees what the node has and skips the rest; as a call it answers :ok",
          %{node: node} do
       server = {:xla, node.name}
-
-      buffers =
-        for i <- 1..3,
-            do: elem(GenServer.call(server, {:to_device, Tensor.from_list([i], {:s, 32})}), 1)
-
+      buffers = for i <- 1..3, do: elem(GenServer.call(server, {:to_device, Tensor.from_list([i], {:s, 32})}), 1)
       [a, b, c] = buffers
       :ok = GenServer.call(server, {:free, a})
 
@@ -265,18 +243,11 @@ defmodule XlaNode.TransferTest do
       buffers = for i <- 1..20, do: XlaNode.to_device!(node.name, Tensor.from_list([i], {:s, 32}))
       received = info(node, :traffic).received_messages
       assert :ok = XlaNode.free_all(buffers)
-
-      Harness.eventually(fn ->
-        match?({:error, _}, XlaNode.read(node.name, List.last(buffers)))
-      end)
-
+      Harness.eventually(fn -> match?({:error, _}, XlaNode.read(node.name, List.last(buffers))) end)
       # The cast, then the reads polling for the result (3 messages each: monitor, request,
       # demonitor) and the :info calls around them.
       assert rem(info(node, :traffic).received_messages - received - 1, 3) == 0
-
-      assert_raise ArgumentError, ~r/takes the references/, fn ->
-        XlaNode.free_all([:not_a_ref])
-      end
+      assert_raise ArgumentError, ~r/takes the references/, fn -> XlaNode.free_all([:not_a_ref]) end
     end
   end
 

@@ -8,15 +8,11 @@ defmodule XlaNode.XlaCallsTest do
     Harness.start_shared_node()
   end
 
-  defp echo(node, term, timeout \\ 10_000),
-    do: GenServer.call({:xla, node.name}, {:echo, term}, timeout)
+  defp echo(node, term, timeout \\ 10_000), do: GenServer.call({:xla, node.name}, {:echo, term}, timeout)
 
   defp assert_echo(node, term) do
     back = echo(node, term)
-
-    assert back === term,
-           "echo changed #{inspect(term, limit: 20)} into #{inspect(back, limit: 20)}"
-
+    assert back === term, "echo changed #{inspect(term, limit: 20)} into #{inspect(back, limit: 20)}"
     # Also compare the encodings: catches differences `===` cannot see.
     assert :erlang.term_to_binary(back) == :erlang.term_to_binary(term)
   end
@@ -50,7 +46,7 @@ defmodule XlaNode.XlaCallsTest do
           :"",
           :"with space",
           :ünïcödé,
-          :日本語,
+          :"日本語",
           :"emoji_😀",
           String.to_atom(String.duplicate("a", 255)),
           String.to_atom(String.duplicate("é", 255))
@@ -82,16 +78,7 @@ defmodule XlaNode.XlaCallsTest do
   end
 
   test "floats (bit-exact)", %{node: node} do
-    for f <- [
-          0.0,
-          1.5,
-          -2.25,
-          3.141592653589793,
-          1.0e308,
-          -1.0e-308,
-          5.0e-324,
-          1.7976931348623157e308
-        ] do
+    for f <- [0.0, 1.5, -2.25, 3.141592653589793, 1.0e308, -1.0e-308, 5.0e-324, 1.7976931348623157e308] do
       assert_echo(node, f)
     end
 
@@ -203,10 +190,7 @@ defmodule XlaNode.XlaCallsTest do
     Port.close(port)
 
     peer = Harness.start_peer()
-
-    peer_port =
-      Harness.peer_call(peer, :erlang, :hd, [Harness.peer_call(peer, :erlang, :ports, [])])
-
+    peer_port = Harness.peer_call(peer, :erlang, :hd, [Harness.peer_call(peer, :erlang, :ports, [])])
     assert is_port(peer_port)
     assert_echo(node, peer_port)
   end

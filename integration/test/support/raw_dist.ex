@@ -73,19 +73,14 @@ defmodule XlaNode.Harness.RawDist do
   """
   def connect(node, opts \\ []) do
     cookie = to_string(Keyword.get(opts, :cookie, node.cookie || XlaNode.Harness.cookie()))
-
-    name =
-      Keyword.get(opts, :name, "#{XlaNode.Harness.unique_name("raw")}@#{XlaNode.Harness.host()}")
-
+    name = Keyword.get(opts, :name, "#{XlaNode.Harness.unique_name("raw")}@#{XlaNode.Harness.host()}")
     flags = Keyword.get(opts, :flags, default_flags())
     creation = Keyword.get(opts, :creation, :rand.uniform(0xFFFF_FFF0) + 3)
 
     with {:ok, socket} <- open(node),
          :ok <- send_hs(socket, send_name(name, flags, creation)),
          {:ok, "sok"} <- recv_hs(socket),
-         {:ok,
-          <<?N, peer_flags::64, challenge::32, peer_creation::32, nlen::16,
-            peer_name::binary-size(nlen)>>} <-
+         {:ok, <<?N, peer_flags::64, challenge::32, peer_creation::32, nlen::16, peer_name::binary-size(nlen)>>} <-
            recv_hs(socket),
          my_challenge = :rand.uniform(0xFFFF_FFFF),
          :ok <- send_hs(socket, <<?r, my_challenge::32, digest(cookie, challenge)::binary>>),
