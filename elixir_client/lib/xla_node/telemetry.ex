@@ -70,7 +70,7 @@ defmodule XlaNode.Telemetry do
   otherwise. `fun` returns `{result, stop_metadata}`, as for `:telemetry.span/3`; the result is
   returned.
   """
-  @spec span(atom(), map(), (() -> {result, map()})) :: result when result: term()
+  @spec span(atom() | [atom()], map(), (-> {result, map()})) :: result when result: term()
   def span(op, metadata, fun) do
     if function_exported?(:telemetry, :span, 3) do
       :telemetry.span([:xla_node | List.wrap(op)], metadata, fun)
