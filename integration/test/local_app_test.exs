@@ -3,7 +3,8 @@ defmodule XlaNode.LocalAppTest do
   A new Mix application, written from scratch into a temporary directory, with the client as a
   path dependency and one child, `{XlaNode.Local, name: :xla, distribution: :start}`: `mix run`
   compiles and runs a program on the node its supervision tree started, and `kill -9` of the
-  application's VM leaves no `xla_node` process behind. Real `mix`, real VMs, real binary.
+  application's VM leaves no `xla_node` process behind; `mix xla_node.setup` there prints the
+  binary's path. Real `mix`, real VMs, real binary.
   """
   use ExUnit.Case, async: true
 
@@ -88,6 +89,23 @@ defmodule XlaNode.LocalAppTest do
     # The VM stopped at the script's end, and its node with it.
     assert Harness.eventually(fn -> Harness.xla_node_processes(node) == [] end, 15_000)
     assert Harness.eventually(fn -> not Harness.epmd_registered?(node) end, 5_000)
+  end
+
+  test "mix xla_node.setup, from the application, prints the binary's path and nothing else",
+       %{dir: dir} do
+    # scripts/test.sh ran scripts/setup.sh already: this run finds everything in place.
+    {out, status} =
+      System.cmd("mix", ["xla_node.setup"], cd: dir, env: env(), stderr_to_stdout: true)
+
+    assert status == 0, out
+    # Compiling the application the first time may print its own lines first.
+    assert out |> String.split("\n", trim: true) |> List.last() == XlaNode.Setup.built_bin()
+    assert File.regular?(XlaNode.Setup.built_bin())
+
+    {again, 0} =
+      System.cmd("mix", ["xla_node.setup"], cd: dir, env: env(), stderr_to_stdout: true)
+
+    assert again == XlaNode.Setup.built_bin() <> "\n"
   end
 
   test "kill -9 of the application's VM leaves no xla_node behind", %{dir: dir} do

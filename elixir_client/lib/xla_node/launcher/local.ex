@@ -36,10 +36,5 @@ defmodule XlaNode.Launcher.Local do
   end
 
   @impl true
-  def stop_node(pid) do
-    Port.stop(pid)
-  catch
-    # It had stopped already.
-    :exit, _ -> :ok
-  end
+  def stop_node(pid), do: Port.stop(pid)
 end

@@ -72,9 +72,14 @@ defmodule XlaNode.Launcher.Port do
   @spec os_pid(GenServer.server()) :: non_neg_integer()
   def os_pid(server), do: GenServer.call(server, :os_pid)
 
-  @doc "Stops the node and this process; returns once the node is gone."
+  @doc "Stops the node and this process; returns once the node is gone (at once if it was)."
   @spec stop(GenServer.server(), timeout()) :: :ok
-  def stop(server, timeout \\ :infinity), do: GenServer.stop(server, :normal, timeout)
+  def stop(server, timeout \\ :infinity) do
+    GenServer.stop(server, :normal, timeout)
+  catch
+    # It had stopped, or stopped meanwhile for a reason of its own: the node is gone either way.
+    :exit, {reason, {GenServer, :stop, _}} when reason != :timeout -> :ok
+  end
 
   @doc false
   # `{pid, node}` of the started node registered as `name`, or nil: how `XlaNode` finds the node

@@ -130,11 +130,7 @@ defmodule XlaNode.Launcher.SSH do
   end
 
   @impl true
-  def stop_node(pid) do
-    Port.stop(pid)
-  catch
-    :exit, _ -> :ok
-  end
+  def stop_node(pid), do: Port.stop(pid)
 
   ## The command
 
