@@ -154,40 +154,37 @@ defmodule XlaNode.Launcher.Port do
        state}
   end
 
-  # Until the node answers :ping, the command exits, the owner goes, or the deadline passes.
+  # Until the node answers :ping, the command exits, the owner goes, or the deadline passes
+  # (checked each time round: a command that keeps writing must not hold the start up).
   defp await_ready(state, deadline) do
-    if serving?(state.node) do
-      {:ok, state}
-    else
-      port = state.port
+    port = state.port
 
-      receive do
-        {^port, {:data, data}} ->
-          await_ready(output(state, data), deadline)
+    cond do
+      serving?(state.node) ->
+        {:ok, state}
 
-        {^port, {:exit_status, status}} ->
-          state = flush_output(%{state | port: nil})
-          {:error, exited_error(state, status), state}
+      past?(deadline) ->
+        message = "did not answer :ping in time (start_timeout)#{last_lines(state)}"
+        {:error, launch_error(state, message, :timeout), state}
 
-        {:DOWN, _, :process, owner, reason} when owner == state.owner ->
-          {:error, launch_error(state, "its owner exited (#{inspect(reason)})", :owner_down),
-           state}
+      true ->
+        receive do
+          {^port, {:data, data}} ->
+            await_ready(output(state, data), deadline)
 
-        {:EXIT, from, reason} when from != port ->
-          {:error, launch_error(state, "stopped while starting", {:exit, reason}), state}
-      after
-        wait_time(deadline) ->
-          if past?(deadline) do
-            {:error,
-             launch_error(
-               state,
-               "did not answer :ping in time (start_timeout)#{last_lines(state)}",
-               :timeout
-             ), state}
-          else
-            await_ready(state, deadline)
-          end
-      end
+          {^port, {:exit_status, status}} ->
+            state = flush_output(%{state | port: nil})
+            {:error, exited_error(state, status), state}
+
+          {:DOWN, _, :process, owner, reason} when owner == state.owner ->
+            message = "its owner exited (#{inspect(reason)})"
+            {:error, launch_error(state, message, :owner_down), state}
+
+          {:EXIT, from, reason} when from != port ->
+            {:error, launch_error(state, "stopped while starting", {:exit, reason}), state}
+        after
+          wait_time(deadline) -> await_ready(state, deadline)
+        end
     end
   end
 
