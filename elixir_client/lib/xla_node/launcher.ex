@@ -43,9 +43,9 @@ defmodule XlaNode.Launcher do
 
         @impl true
         def start_node(opts, %{owner: owner, name: base}) do
-          # Long names: the pod's IP is its host; the node reports it at start, or a headless
-          # service gives each pod a DNS name (here: one pod per name, behind `xla-nodes`).
-          pod = "#{base}" |> String.replace("_", "-")
+          # A pod of its own, named in DNS by a headless service `xla-nodes` (long names:
+          # this VM runs with --name too).
+          pod = String.downcase(String.replace("#{base}-#{System.unique_integer([:positive])}", "_", "-"))
           node = :"xla@#{pod}.xla-nodes.#{opts[:namespace]}.svc.cluster.local"
 
           spec = %{
@@ -53,7 +53,7 @@ defmodule XlaNode.Launcher do
             args:
               ["run", pod, "-i", "--rm", "--restart=Never", "--quiet",
                "--namespace", opts[:namespace], "--image", opts[:image],
-               "--overrides", overrides(opts), "--",
+               "--overrides", overrides(pod, opts), "--",
                "xla_node", "--name", Atom.to_string(node),
                "--cookie-from-stdin", "--exit-on-stdin-close"],
             node: node,
@@ -67,8 +67,11 @@ defmodule XlaNode.Launcher do
         @impl true
         def stop_node(pid), do: XlaNode.Launcher.Port.stop(pid)
 
-        # The pod's GPU resources and its hostname/subdomain, as JSON for --overrides.
-        defp overrides(opts), do: ...
+        # The pod's hostname and subdomain (its DNS name) and its GPUs, as kubectl's JSON.
+        defp overrides(pod, opts) do
+          ~s({"spec": {"hostname": "#{pod}", "subdomain": "xla-nodes", "containers": ) <>
+            ~s([{"name": "#{pod}", "resources": {"limits": {"nvidia.com/gpu": #{opts[:gpus]}}}}]}})
+        end
       end
 
   `kubectl run -i --rm` attaches the pod's standard input and deletes the pod once its command
