@@ -16,7 +16,9 @@ defmodule XlaNode.NxLocalTest do
 
   defp start_local! do
     name = :"nx_local_#{System.unique_integer([:positive])}"
-    start_supervised!({XlaNode.Local, name: name, log: "warn"})
+    # The suite's node arguments (a GPU run gives some: --preallocate false).
+    args = OptionParser.split(System.get_env("XLA_NODE_EXTRA_ARGS", ""))
+    start_supervised!({XlaNode.Local, name: name, log: "warn", args: args})
     name
   end
 
@@ -125,7 +127,8 @@ defmodule XlaNode.NxLocalTest do
     {out, status} =
       System.cmd(System.find_executable("mix"), ["run", "run.exs"],
         cd: dir,
-        env: [{"MIX_ENV", "dev"}],
+        # The default plugin: a GPU run's, taken whole, is not for a node beside the suite's.
+        env: [{"MIX_ENV", "dev"}, {"XLA_NODE_PJRT_PLUGIN", nil}],
         stderr_to_stdout: true
       )
 

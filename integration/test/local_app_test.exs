@@ -72,12 +72,13 @@ defmodule XlaNode.LocalAppTest do
     %{dir: dir}
   end
 
-  # The application runs where a user's would: its own Mix environment, not the suite's, and
-  # the binary found where `mix xla_node.setup` builds it, as in a fresh clone (unless the suite
-  # runs another one).
+  # The application runs where a user's would: its own Mix environment, not the suite's, the
+  # binary found where `mix xla_node.setup` builds it, as in a fresh clone (unless the suite
+  # runs another one), and the default plugin (a GPU run's plugin, taken whole, is not for a
+  # node of its own beside the suite's).
   defp env do
     bin = if File.exists?(XlaNode.Setup.built_bin()), do: [{"XLA_NODE_BIN", nil}], else: []
-    [{"MIX_ENV", "dev"}] ++ bin
+    [{"MIX_ENV", "dev"}, {"XLA_NODE_PJRT_PLUGIN", nil}] ++ bin
   end
 
   test "mix run: the child starts the node, the script compiles and runs on it", %{dir: dir} do

@@ -137,7 +137,6 @@ defmodule XlaNode.LocalTest do
       {XlaNode.Local,
        node_opts(
          name: name,
-         plugin: :cpu,
          max_executables: 7,
          max_device_bytes: "1G",
          max_message_bytes: "64M",
