@@ -9,7 +9,7 @@ defmodule XlaNode.LocalTest do
 
   import ExUnit.CaptureLog
 
-  alias XlaNode.{Error, Harness, PeerHelpers, Tensor}
+  alias XlaNode.{Error, Harness, LogLines, PeerHelpers, Tensor}
 
   @add_one """
   func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
@@ -35,11 +35,12 @@ defmodule XlaNode.LocalTest do
 
   test "a child starts a node that serves under the child's name, and stops with it" do
     name = unique_name()
+    lines = LogLines.attach(self())
+    on_exit(fn -> LogLines.detach(lines) end)
 
-    log =
-      capture_log([level: :info], fn ->
-        start_supervised!({XlaNode.Local, node_opts(name: name)})
-      end)
+    capture_log([level: :info], fn ->
+      start_supervised!({XlaNode.Local, node_opts(name: name)})
+    end)
 
     node = XlaNode.Local.node(name)
     os_pid = XlaNode.Local.os_pid(name)
@@ -50,9 +51,11 @@ defmodule XlaNode.LocalTest do
     assert Harness.epmd_registered?(sname)
     assert Harness.os_process_alive?(os_pid)
 
-    # Its log, line by line, named.
-    assert log =~ "#{node}: xla_node::server: XLA ready"
-    assert log =~ "[info]"
+    # Its log, line by line, named, at the level it was written: the node's output comes through
+    # its port, by another way than its answer to :ping, so the line is waited for.
+    ready = "#{node}: xla_node::server: XLA ready"
+    size = byte_size(ready)
+    assert_receive {:logged, :info, <<^ready::binary-size(size), _::binary>>}, 10_000
 
     # The name, a node name and the raw server all reach it.
     assert XlaNode.ping(name) == :pong
