@@ -327,8 +327,12 @@ defmodule XlaNode do
   @spec free(server(), executable() | buffer(), keyword()) :: :ok | error()
   def free(server, ref, opts \\ []) do
     case call(server, {:free, ref}, timeout!(opts, "XlaNode.free/3")) do
-      {:ok, :ok} -> :ok
-      {:error, _} = error -> error
+      {:ok, :ok} ->
+        if is_reference(ref), do: XlaNode.Keeper.freed([ref])
+        :ok
+
+      {:error, _} = error ->
+        error
     end
   end
 

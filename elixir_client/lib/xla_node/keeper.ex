@@ -168,14 +168,31 @@ defmodule XlaNode.Keeper do
         match?(<<_::64, _::64, _::binary>>, token)
 
   @doc """
-  Runs a sweep now and returns what it did: `released` (buffers released, by this sweep),
-  and `live` (tokens tracked after it). Buffers released are cast to their nodes, answered by
-  nothing: a request sent after this returns may still see them there for a moment. Hold what
-  you mean to keep, and collect the garbage of the processes that dropped tokens first
-  (`:erlang.garbage_collect/1`), as a sweep sees only what their heaps no longer hold.
+  Runs a sweep now and returns what it did: `released` (buffers released by this sweep), and
+  `live` (tokens tracked after it). It returns once the nodes have taken the releases (a
+  `:ping` after them), so that a request sent afterwards sees them done. A sweep sees only the
+  tokens that their holders' heaps no longer hold: collect the garbage of a process that
+  dropped some first (`:erlang.garbage_collect/1`) to have them released now.
   """
   @spec sweep(timeout()) :: %{released: non_neg_integer(), live: non_neg_integer()}
   def sweep(timeout \\ 60_000), do: GenServer.call(__MODULE__, :sweep, timeout)
+
+  @doc """
+  Tells the keeper that `refs` were freed on their nodes (`XlaNode.free_all/1` and the other
+  frees do): their tokens are still tracked until their holders drop them, but no release is
+  sent for them then. Costs one local message, none to a node.
+  """
+  @spec freed([reference()]) :: :ok
+  def freed([]), do: :ok
+
+  def freed(refs) when is_list(refs) do
+    case owner() do
+      nil -> :ok
+      keeper -> send(keeper, {:freed, refs})
+    end
+
+    :ok
+  end
 
   @doc """
   The keeper's figures: `live` (tokens tracked), `tracked` and `released` (since it started),
@@ -217,6 +234,10 @@ defmodule XlaNode.Keeper do
        buffers: %{},
        # {origin, serial} => tokens tracked under it (copies taken over separately).
        keys: %{},
+       # Tracked buffers freed on their nodes already: no release for them.
+       freed: MapSet.new(),
+       # The nodes released to since the last sweep/1 call, which confirms them.
+       released_to: [],
        tracked_since: 0,
        timer: nil,
        # The wait before the timed sweep armed, and the shortest one the last sweep's time
@@ -230,7 +251,10 @@ defmodule XlaNode.Keeper do
   @impl true
   def handle_call(:sweep, _from, state) do
     {released, state} = sweep_now(state)
-    {:reply, %{released: released, live: live(state)}, state}
+    # The :xla server takes a process's messages in order: the releases are done once it
+    # answers.
+    for node <- state.released_to, do: XlaNode.ping(node, timeout: 5_000)
+    {:reply, %{released: released, live: live(state)}, %{state | released_to: []}}
   end
 
   def handle_call(:stats, _from, state) do
@@ -257,6 +281,11 @@ defmodule XlaNode.Keeper do
     else
       {:noreply, arm_soon(state)}
     end
+  end
+
+  def handle_info({:freed, refs}, state) do
+    freed = for ref <- refs, Map.has_key?(state.buffers, ref), into: state.freed, do: ref
+    {:noreply, %{state | freed: freed}}
   end
 
   def handle_info(:sweep, state) do
@@ -368,11 +397,17 @@ defmodule XlaNode.Keeper do
         {buffers, keys, if(last_buffer?, do: [buffer | released], else: released)}
       end)
 
-    released
-    |> Enum.group_by(&node/1)
-    |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:release, refs, self()}) end)
+    {freed, released} = Enum.split_with(released, &MapSet.member?(state.freed, &1))
+    by_node = Enum.group_by(released, &node/1)
+    for {node, refs} <- by_node, do: GenServer.cast({:xla, node}, {:release, refs, self()})
 
-    %{state | buffers: buffers, keys: keys}
+    %{
+      state
+      | buffers: buffers,
+        keys: keys,
+        freed: MapSet.difference(state.freed, MapSet.new(freed)),
+        released_to: Enum.uniq(Map.keys(by_node) ++ state.released_to)
+    }
   end
 
   defp count_out(counts, key) do

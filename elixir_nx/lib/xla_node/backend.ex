@@ -79,15 +79,17 @@ defmodule XlaNode.Backend do
   @behaviour Nx.Backend
 
   @enforce_keys [:node, :buffer]
-  defstruct [:node, :buffer]
+  defstruct [:node, :buffer, :token]
 
   @typedoc """
-  A tensor's data: its `node`, and its `buffer` there (a reference owned by the process that
-  made it), or `{:inline, binary}` for a scalar made from a number, kept here until used.
+  A tensor's data: its `node`, and its `buffer` there (a reference held by `XlaNode.Keeper`)
+  with the `token` that keeps it alive while any process holds the tensor, or `{:inline,
+  binary}` (and no token) for a scalar made from a number or a small result, kept here.
   """
   @type t :: %__MODULE__{
           node: node() | XlaNode.Pool.t(),
-          buffer: reference() | {:inline, binary()}
+          buffer: reference() | {:inline, binary()},
+          token: XlaNode.Keeper.token() | nil
         }
 
   alias XlaNode.Backend.{Eager, Scope, Transfer}
@@ -269,7 +271,7 @@ defmodule XlaNode.Backend do
   @impl true
   def backend_transfer(%Nx.Tensor{data: %__MODULE__{node: node}} = t, backend, opts) do
     if backend == __MODULE__ and opts[:node] == node and not Keyword.has_key?(opts, :device_id) do
-      t
+      Transfer.hold(t)
     else
       copy = backend_copy(t, backend, opts)
       Transfer.free(t)
