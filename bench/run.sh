@@ -17,6 +17,8 @@
 #                           # jit on one device and shard_jit over every device against JAX's
 #                           # jit on one and with NamedSharding over as many CPU devices
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
+#   bench/run.sh lifetime   # only: what a tensor's lifetime (XlaNode.Keeper) costs, per tensor made
+#                           # and per sweep, against an eager operation's request
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 #   bench/run.sh gpu        # only: on an NVIDIA GPU, against JAX on the same GPU in the same run: a
@@ -127,6 +129,11 @@ if [ "$part" = all ] || [ "$part" = pool ]; then
     # project, for XlaNode.Pool.
     (cd elixir_client && elixir --sname "bench_pool_$$" --cookie "$cookie" -S mix run ../bench/pool.exs \
         "$bin" "$cookie" </dev/null)
+fi
+if [ "$part" = all ] || [ "$part" = lifetime ]; then
+    # In the client's Mix project, for XlaNode.Keeper.
+    (cd elixir_client && elixir --sname "bench_lifetime_$$" --cookie "$cookie" -S mix run ../bench/lifetime.exs \
+        "$name" </dev/null)
 fi
 if [ "$part" = all ] || [ "$part" = nx ]; then
     # The defn part runs in elixir_nx's Mix project, which needs Nx, hence Elixir >= 1.17.

@@ -159,13 +159,13 @@ defmodule XlaNode.HoldersTest do
     assert call(node, {:free, mine}) == :ok
   end
 
-  test "share adds holders; the buffer goes with the last; release ends one hold", %{node: node} do
+  test "share adds holds; the buffer goes with the last; release ends one", %{node: node} do
     n0 = buffers(node)
     {h1, h2} = {holder(), holder()}
     {:ok, buffer} = call(node, {:to_device, f32([5.0])})
     assert call(node, {:share, buffer, h1}) == :ok
     assert call(node, {:share, [buffer], h2}) == :ok
-    # Sharing with a holder again changes nothing.
+    # Holds are counted: h2 holds it twice now.
     assert call(node, {:share, buffer, h2}) == :ok
 
     assert call(node, {:release, buffer}) == :ok
@@ -175,10 +175,22 @@ defmodule XlaNode.HoldersTest do
     assert read!(node, buffer) == [5.0]
     assert buffers(node) == n0 + 1
 
-    # A release naming its holder, as a cast (the keeper of a client node sends these).
+    # Releases naming their holder, as casts (the keeper of a client node sends these): the
+    # first leaves h2 one hold, the second none.
     GenServer.cast({:xla, node.name}, {:release, [buffer], h2})
+    assert read!(node, buffer) == [5.0]
+    GenServer.cast({:xla, node.name}, {:release, buffer, h2})
     assert buffers_come_to?(node, n0)
     Process.exit(h2, :kill)
+  end
+
+  test "a holder's exit ends all its holds, however many", %{node: node} do
+    n0 = buffers(node)
+    h = holder()
+    {:ok, buffer} = call(node, {:to_device, f32([5.0]), [owner: h]})
+    :ok = call(node, {:share, [buffer, buffer], h})
+    stop(h)
+    assert buffers_come_to?(node, n0)
   end
 
   test "free frees whoever holds", %{node: node} do

@@ -2,10 +2,11 @@
 //! pid}`: who holds a buffer or an executable (`resources.rs`).
 //!
 //! A resource is held by the process that made it, or by the `owner:` its request named, and
-//! lives while any holder does: `share` adds a holder (a client node's process keeping a buffer
-//! another node's client made), `give_away` hands the caller's hold to another process (as
-//! `:ets.give_away/3` hands a table), `release` ends the caller's hold, or `pid`'s (the resource
-//! goes with its last holder). `refs` is one reference or a list. As a call, every change is
+//! lives while any hold on it does: `share` gives `pid` a hold (one more each time: holds are
+//! counted, as references are; a client node's keeper holding a buffer another node's client
+//! made), `give_away` hands one of the caller's holds to another process (as `:ets.give_away/3`
+//! hands a table), `release` ends one of the caller's holds, or of `pid`'s (the resource goes
+//! with its last hold). A holder's exit ends all its holds. `refs` is one reference or a list. As a call, every change is
 //! made or none: the reply is `:ok`, or the `:argument_error` of the first reference that
 //! cannot change (unknown or freed, not held by the caller, an upload not yet done). `share`
 //! and `release` with a pid are also casts (a cast does not say who sent it): the references

@@ -45,8 +45,9 @@ impl Program {
     }
 }
 
-/// Who holds what: each reference's holders (one, most often; never none while it is in the
-/// table), and each holder's monitor and references.
+/// Who holds what: each reference's holds (a process holds a reference once per share it got,
+/// as a reference count; one hold, most often; never none while it is in the table), and each
+/// holder's monitor and references.
 #[derive(Default)]
 struct Holds {
     holders: HashMap<Reference, Vec<Pid>>,
@@ -56,14 +57,13 @@ struct Holds {
 }
 
 impl Holds {
-    /// `holder` holds `key` (too), monitored first if it held nothing yet: `monitor` monitors it
-    /// and returns the monitor's reference.
+    /// `holder` holds `key` once more, monitored first if it held nothing yet: `monitor`
+    /// monitors it and returns the monitor's reference.
     fn hold(&mut self, key: &Reference, holder: &Pid, monitor: &dyn Fn(&Pid) -> Reference) {
-        let holders = self.holders.entry(key.clone()).or_default();
-        if holders.contains(holder) {
-            return;
-        }
-        holders.push(holder.clone());
+        self.holders
+            .entry(key.clone())
+            .or_default()
+            .push(holder.clone());
         match self.owners.get_mut(holder) {
             Some((_, owned)) => {
                 owned.insert(key.clone());
@@ -81,15 +81,19 @@ impl Holds {
         self.holders.get(key).is_some_and(|h| h.contains(holder))
     }
 
-    /// Ends `holder`'s hold on `key`: whether no holder is left.
+    /// Ends one of `holder`'s holds on `key`: whether no hold is left.
     fn end(&mut self, key: &Reference, holder: &Pid) -> bool {
-        if let Some((_, owned)) = self.owners.get_mut(holder) {
-            owned.remove(key);
-        }
         let Some(holders) = self.holders.get_mut(key) else {
             return false;
         };
-        holders.retain(|h| h != holder);
+        if let Some(at) = holders.iter().position(|h| h == holder) {
+            holders.swap_remove(at);
+        }
+        if !holders.contains(holder) {
+            if let Some((_, owned)) = self.owners.get_mut(holder) {
+                owned.remove(key);
+            }
+        }
         let last = holders.is_empty();
         if last {
             self.holders.remove(key);
@@ -106,8 +110,8 @@ impl Holds {
         }
     }
 
-    /// The holder behind `monitor` went down: ends its holds, and returns the references it
-    /// held alone.
+    /// The holder behind `monitor` went down: ends all its holds, and returns the references
+    /// it alone held.
     fn holder_down(&mut self, monitor: &Reference) -> Vec<Reference> {
         let Some(holder) = self.monitors.remove(monitor) else {
             return Vec::new();
@@ -117,7 +121,17 @@ impl Holds {
         };
         owned
             .into_iter()
-            .filter(|key| self.end(key, &holder))
+            .filter(|key| {
+                let Some(holders) = self.holders.get_mut(key) else {
+                    return false;
+                };
+                holders.retain(|h| *h != holder);
+                let last = holders.is_empty();
+                if last {
+                    self.holders.remove(key);
+                }
+                last
+            })
             .collect()
     }
 }
@@ -173,14 +187,14 @@ pub enum HoldError {
     Upload(Reference),
 }
 
-/// A change of holders, for each of a request's references.
+/// A change of holds, for each of a request's references.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldChange<'a> {
-    /// `pid` holds it too.
+    /// `pid` holds it once more.
     Share(&'a Pid),
-    /// The hold of `from` passes to `to`.
+    /// One hold of `from` passes to `to`.
     GiveAway { from: &'a Pid, to: &'a Pid },
-    /// The hold of `pid` ends; the resource goes when no holder is left.
+    /// One hold of `pid` ends; the resource goes when no hold is left.
     Release(&'a Pid),
 }
 
@@ -233,10 +247,8 @@ impl Tables {
                 None
             }
             HoldChange::GiveAway { from, to } => {
-                if from != to {
-                    self.holds.hold(key, to, monitor);
-                    self.holds.end(key, from);
-                }
+                self.holds.hold(key, to, monitor);
+                self.holds.end(key, from);
                 None
             }
             HoldChange::Release(pid) => {
@@ -309,7 +321,8 @@ impl Resources {
         }
         let mut released = Vec::new();
         for key in references {
-            // A reference listed twice was changed already: checked again, it is skipped.
+            // Each time a reference is listed counts; checked again, one that cannot change any
+            // more (a release past the holds given) is skipped.
             if t.check(key, change).is_ok() {
                 released.extend(t.apply(key, change, monitor));
             }
@@ -394,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reference_goes_with_its_last_holder() {
+    fn a_reference_goes_with_its_last_hold() {
         let mut f = Fixture::new();
         f.hold(1, 7);
         f.hold(1, 8);
@@ -402,6 +415,21 @@ mod tests {
         assert!(f.holds.end(&reference(1), &pid(8)));
         // Ending a hold that is not there changes nothing.
         assert!(!f.holds.end(&reference(1), &pid(8)));
+    }
+
+    #[test]
+    fn holds_are_counted() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(1, 7);
+        f.hold(2, 7);
+        assert!(!f.holds.end(&reference(1), &pid(7)), "7 holds it once more");
+        assert!(f.holds.holds(&reference(1), &pid(7)));
+        assert!(f.holds.end(&reference(1), &pid(7)));
+        assert!(!f.holds.holds(&reference(1), &pid(7)));
+        // Its exit ends the holds it has left, however many.
+        f.hold(2, 7);
+        assert_eq!(f.holds.holder_down(&f.monitor_of(7)), vec![reference(2)]);
     }
 
     #[test]

@@ -5,51 +5,60 @@ defmodule XlaNode.Keeper do
   @min_interval_ms 20
   @idle_interval_ms 1_000
   @cpu_share 50
+  @freed_sweeps 16
+  @drain 10_000
 
   @moduledoc """
   Buffers that live while a process holds them: the lifetime of an EXLA tensor (a NIF
   resource, freed once no process holds it and its holders' garbage is collected), for the
   buffers of any node, without a NIF. `XlaNode.Backend` keeps every tensor this way.
 
-  A buffer kept here is held on its node by this process (made with `owner: XlaNode.Keeper.owner()`,
-  see `XlaNode.run/4` and `XlaNode.to_device/3`), and `track/1` gives it a *token*: a binary of
-  #{@smallest} to #{@smallest + @sizes - 1} bytes, off the process heaps and reference-counted by
-  the runtime. Whoever holds the buffer also holds its token (`XlaNode.Backend` keeps it in
-  the tensor). This process keeps one reference to every token and reads their reference
-  counts with `:erlang.process_info(self(), :binary)`: every heap, mailbox and ETS table that
-  holds a copy counts once, so a count of 1 means nobody else holds it any more, and its buffer
-  is released: one `{:release, buffers, keeper}` cast per node and sweep.
+  A buffer kept here is held on its node by this process (made with `owner:
+  XlaNode.Keeper.owner()`, see `XlaNode.run/4` and `XlaNode.to_device/3`), and `track/1` gives
+  it a *token*: a binary of #{@smallest} to #{@smallest + @sizes - 1} bytes, off the process
+  heaps and reference-counted by the runtime. Whoever holds the buffer holds its token too
+  (`XlaNode.Backend` keeps it in the tensor). This process keeps one reference to every token
+  and reads their reference counts with `:erlang.process_info(self(), :binary)`: every heap,
+  mailbox and ETS table that holds a copy counts once, so a count of 1 means that nobody else
+  holds it any more, and this process's hold on the buffer ends: one `{:release, buffers,
+  keeper}` cast per node and sweep. A process's dropped tokens count until its garbage is
+  collected, as a dropped EXLA tensor does.
 
   ## Tokens and their ids
 
-  `process_info/2` names each binary by an id and gives its size, not its bytes. A token's id
-  is learnt once, after it arrives here, by a short-lived process that holds nothing but up to
-  #{@sizes} new tokens of distinct sizes: its own `process_info/2` lists each token once, and
-  the size tells which is which. From then on a sweep reads the whole list once and looks up
-  the ids whose count is 1.
+  `process_info/2` names each binary by an id (its address) and gives its size, not its
+  bytes. A token's id is learnt once, when a sweep finds it new, by a short-lived process that
+  holds nothing but up to #{@sizes} new tokens of distinct sizes: its own `process_info/2` lists
+  each once, and the size tells which is which. From then on a sweep reads its own list once
+  and takes the tokens whose count is 1 out of a map by id.
 
   ## Sweeps
 
   A sweep runs #{@min_interval_ms} ms after the first token tracked since the last one, or at
-  once when #{@sweep_after} tokens (or half the live ones, if more) were tracked since, so that
-  a loop making tensors quickly frees them as quickly; while nothing changes it runs less and
-  less often, down to once a second. Its cost grows with the live tokens (the list read is one
-  entry a token), so the wait after a sweep is at least #{@cpu_share} times the sweep's own time:
-  the keeper takes at most 1/#{@cpu_share} of a CPU. `sweep/1` runs one now.
+  once when #{@sweep_after} tokens (or as many as the last sweep left, if more) were tracked
+  since, so that a loop making tensors quickly frees them as quickly, at a cost per tensor made
+  of about two entries of the list a sweep reads; while nothing changes it runs less and less often, down to once a second. Its
+  cost grows with the live tokens (one entry each), so the wait after a sweep is at least
+  #{@cpu_share} times the sweep's own time: timed sweeps take at most 1/#{@cpu_share} of a CPU.
+  `sweep/1` runs one now. `bench/lifetime.exs` measures these costs.
 
   ## Across nodes
 
   Each BEAM node's keeper holds for its own processes. A token is `<<origin::64, serial::64,
-  padding>>`: the keeper that made it and its number. A tensor that comes from another node (a
-  new binary here, whose count the node of origin does not see) is taken over the first time
-  this node's client uses it (`hold/2`, which `XlaNode.Backend` calls on every tensor it reads
-  or runs with): this keeper shares the buffer on the compute node (`{:share, buffers,
-  keeper}`) and tracks the token. The buffer goes once no node's keeper holds it. A client node
-  that goes down releases what its keeper held (the compute node monitors the keeper).
+  padding>>`: the keeper that made it and its number. A token that came from another node is
+  a new binary here (part of the binary of the message it came in), whose count the node of
+  origin does not see: it is taken over the first time this node's client uses it (`hold/2`,
+  which `XlaNode.Backend` calls on every tensor it reads or runs with), and this keeper then
+  takes a hold of its own on the buffer (`{:share, buffers, keeper}`, before the use goes on).
+  Holds are counted on the compute node: the buffer goes once no keeper of any node holds it.
+  A client node that goes down releases what its keeper held (the compute node monitors the
+  keeper).
 
-  Tracking is by token, so two copies of one token that reached this node separately are one:
-  when the copy taken over goes, the buffer is released here, and the other copy is taken over
-  again at its next use, if another node still holds the buffer then.
+  Until its first use there, a tensor on another node is held only by the node it came from:
+  a tensor sent to another node and dropped here at once is gone there if it was not used
+  there first (nothing in Erlang runs when a message arrives). Copies of one token that reached
+  this node separately are tracked as one, the first used: when it goes, the others are taken
+  over again at their next use, if another node still holds the buffer then.
   """
 
   use GenServer
@@ -93,27 +102,18 @@ defmodule XlaNode.Keeper do
     case :persistent_term.get(@identity, nil) do
       {keeper, origin} ->
         items = for buffer <- buffers, do: {token(origin), buffer}
-        keys = for {token, _buffer} <- items, do: {key(token)}
-
-        try do
-          :ets.insert(@table, keys)
-        rescue
-          # The keeper restarted meanwhile: what it held is gone with it.
-          ArgumentError -> nil
-        else
-          true ->
-            send(keeper, {:track, items})
-            Enum.map(items, &elem(&1, 0))
-        end
+        send(keeper, {:track, items})
+        Enum.map(items, &elem(&1, 0))
 
       nil ->
         nil
     end
   end
 
+  # Its size spread over the @sizes sizes (unique integers advance by a stride of several).
   defp token(origin) do
     serial = :erlang.unique_integer([:positive])
-    padding = @smallest - 16 + rem(serial, @sizes)
+    padding = @smallest - 16 + :erlang.phash2(serial, @sizes)
     <<origin::64, serial::64, 0::size(padding)-unit(8)>>
   end
 
@@ -138,14 +138,39 @@ defmodule XlaNode.Keeper do
               "bytes made by track/1), got: #{inspect(token, limit: 8)}"
     end
 
-    with {keeper, _origin} <- :persistent_term.get(@identity, nil),
-         true <- insert_new(key(token)) do
-      send(keeper, {:track, [{token, buffer}]})
-      share(buffer, keeper)
+    case :persistent_term.get(@identity, nil) do
+      {keeper, origin} -> hold(token, buffer, keeper, origin)
+      nil -> :ok
+    end
+  end
+
+  defp hold(token, buffer, keeper, origin) do
+    key = key(token)
+
+    cond do
+      made_here?(token, origin) ->
+        :ok
+
+      member?(key) ->
+        :ok
+
+      insert_new(key) ->
+        send(keeper, {:track, [{token, buffer, :adopted}]})
+        share(buffer, keeper)
+
+      true ->
+        :ok
     end
 
     :ok
   end
+
+  # A token made here is a binary of its own, the one the keeper tracks (a copy that came back
+  # from another node is part of the binary of the message it came in); any other is looked up.
+  defp made_here?(<<origin::64, _::binary>> = token, origin),
+    do: :binary.referenced_byte_size(token) == byte_size(token)
+
+  defp made_here?(_token, _origin), do: false
 
   # An unknown buffer, or a node that is down, is the next request's to report.
   defp share(buffer, keeper) do
@@ -154,8 +179,15 @@ defmodule XlaNode.Keeper do
     :exit, _reason -> :ok
   end
 
-  # Whether this process is the one to take the key over (false also when the table went with a
-  # keeper that stopped: there is nothing to hold with).
+  # Whether a token of this key is tracked here (true also when the table went with a keeper
+  # that stopped: there is nothing to hold with).
+  defp member?(key) do
+    :ets.member(@table, key)
+  rescue
+    ArgumentError -> true
+  end
+
+  # Whether this process is the one to take the key over.
   defp insert_new(key) do
     :ets.insert_new(@table, {key})
   rescue
@@ -196,8 +228,8 @@ defmodule XlaNode.Keeper do
 
   @doc """
   The keeper's figures: `live` (tokens tracked), `tracked` and `released` (since it started),
-  `sweeps`, `last_sweep_us` (the last sweep's time) and `interval_ms` (the wait before the next
-  timed one).
+  `sweeps`, `sweep_us` (their time, learning the tokens' ids included), `last_sweep_us` (the
+  last one's) and `interval_ms` (the wait before the next timed one).
   """
   @spec stats(timeout()) :: map()
   def stats(timeout \\ 60_000), do: GenServer.call(__MODULE__, :stats, timeout)
@@ -222,29 +254,30 @@ defmodule XlaNode.Keeper do
     {:ok,
      %{
        # id => [{token, buffer}]: tokens whose id is known (several for copies that came from
-       # another node in one message, sub-binaries of one binary).
+       # another node in one message, parts of one binary).
        entries: %{},
-       # Tokens whose id is known, and the ids that more than one has: id => how many.
        learnt: 0,
+       # The ids that more than one token has: id => how many.
        shared_ids: %{},
-       # {token, buffer} whose id is to be learnt, with their count.
+       # Tokens whose id is to be learnt, in lists as they came. An item is {token, buffer}, or
+       # {token, buffer, :adopted} for a token hold/2 took over (its key is in the table).
        pending: [],
        pending_count: 0,
-       # buffer => tokens tracked for it (a buffer is released when its last one goes).
-       buffers: %{},
-       # {origin, serial} => tokens tracked under it (copies taken over separately).
-       keys: %{},
-       # Tracked buffers freed on their nodes already: no release for them.
-       freed: MapSet.new(),
+       # Buffers freed on their nodes already (XlaNode.free_all/1 and the like), for which no
+       # release is sent: buffer => the sweep it was told before, kept for @freed_sweeps sweeps.
+       freed: %{},
        # The nodes released to since the last sweep/1 call, which confirms them.
        released_to: [],
        tracked_since: 0,
+       # The tokens a sweep left: the next one comes after as many more are tracked (or
+       # @sweep_after), so that what is dropped goes however many are kept.
+       survivors: 0,
        timer: nil,
        # The wait before the timed sweep armed, and the shortest one the last sweep's time
        # allows.
        interval: @min_interval_ms,
        floor: @min_interval_ms,
-       stats: %{tracked: 0, released: 0, sweeps: 0, last_sweep_us: 0}
+       stats: %{tracked: 0, released: 0, sweeps: 0, last_sweep_us: 0, sweep_us: 0}
      }}
   end
 
@@ -264,18 +297,17 @@ defmodule XlaNode.Keeper do
 
   @impl true
   def handle_info({:track, items}, state) do
-    state = Enum.reduce(items, state, &count_in/2)
-    n = length(items)
+    # The tracks queued behind this one too, without a callback each.
+    {pending, count} = drain([items | state.pending], length(items), @drain)
 
     state = %{
       state
-      | pending: items ++ state.pending,
-        pending_count: state.pending_count + n,
-        tracked_since: state.tracked_since + n,
-        stats: Map.update!(state.stats, :tracked, &(&1 + n))
+      | pending: pending,
+        pending_count: state.pending_count + count,
+        tracked_since: state.tracked_since + count
     }
 
-    if state.tracked_since >= max(@sweep_after, div(live(state), 2)) do
+    if state.tracked_since >= max(@sweep_after, state.survivors) do
       {_released, state} = sweep_now(state)
       {:noreply, state}
     else
@@ -284,8 +316,8 @@ defmodule XlaNode.Keeper do
   end
 
   def handle_info({:freed, refs}, state) do
-    freed = for ref <- refs, Map.has_key?(state.buffers, ref), into: state.freed, do: ref
-    {:noreply, %{state | freed: freed}}
+    sweep = state.stats.sweeps
+    {:noreply, %{state | freed: Enum.reduce(refs, state.freed, &Map.put(&2, &1, sweep))}}
   end
 
   def handle_info(:sweep, state) do
@@ -303,12 +335,14 @@ defmodule XlaNode.Keeper do
 
   defp live(state), do: state.learnt + state.pending_count
 
-  defp count_in({token, buffer}, state) do
-    %{
-      state
-      | buffers: Map.update(state.buffers, buffer, 1, &(&1 + 1)),
-        keys: Map.update(state.keys, key(token), 1, &(&1 + 1))
-    }
+  defp drain(pending, count, 0), do: {pending, count}
+
+  defp drain(pending, count, left) do
+    receive do
+      {:track, items} -> drain([items | pending], count + length(items), left - 1)
+    after
+      0 -> {pending, count}
+    end
   end
 
   defp arm(state, ms),
@@ -337,16 +371,38 @@ defmodule XlaNode.Keeper do
 
     stats = %{
       state.stats
-      | released: state.stats.released + length(gone),
+      | tracked: state.stats.tracked + state.tracked_since,
+        released: state.stats.released + length(gone),
         sweeps: state.stats.sweeps + 1,
-        last_sweep_us: took
+        last_sweep_us: took,
+        sweep_us: state.stats.sweep_us + took
     }
 
     floor = max(@min_interval_ms, div(took * @cpu_share, 1000))
-    state = %{state | tracked_since: 0, stats: stats, floor: floor}
+
+    # A free is remembered for a few sweeps: its tokens go, in most programs, before that (a
+    # release of a buffer freed already is skipped by its node anyway).
+    freed = :maps.filter(fn _buffer, told -> told > stats.sweeps - @freed_sweeps end, state.freed)
+
+    state = %{
+      state
+      | tracked_since: 0,
+        stats: stats,
+        floor: floor,
+        freed: freed,
+        survivors: live(state)
+    }
+
     state = if live(state) > 0, do: arm(state, next_interval(state, changed?)), else: state
     {length(gone), state}
   end
+
+  # Soon while tokens come and go, less often while nothing changes; never more than a
+  # 1/@cpu_share of a CPU.
+  defp next_interval(state, true = _changed?), do: state.floor
+
+  defp next_interval(state, false),
+    do: max(state.floor, min(state.interval * 2, @idle_interval_ms))
 
   # The tokens nobody but this process holds, taken out of `entries`: those of ids whose
   # count is the number of times this process's list names them (once, for most tokens: a
@@ -354,18 +410,11 @@ defmodule XlaNode.Keeper do
   defp take_unheld(binaries, state) do
     %{entries: entries, shared_ids: shared_ids} = state
 
-    {unheld, seen} =
-      Enum.reduce(binaries, {[], %{}}, fn
-        {id, _size, 1}, {unheld, seen} = acc ->
-          if Map.has_key?(entries, id), do: {[id | unheld], seen}, else: acc
+    unheld =
+      if map_size(shared_ids) == 0,
+        do: unheld_alone(binaries, entries, []),
+        else: unheld_shared(binaries, entries, shared_ids)
 
-        {id, _size, count}, {unheld, seen} = acc ->
-          if Map.has_key?(shared_ids, id),
-            do: {unheld, Map.update(seen, id, {1, count}, fn {n, c} -> {n + 1, c} end)},
-            else: acc
-      end)
-
-    unheld = unheld ++ for {id, {times, count}} <- seen, times == count, do: id
     {gone, entries} = Map.split(entries, unheld)
     gone = gone |> Map.values() |> List.flatten()
 
@@ -378,75 +427,74 @@ defmodule XlaNode.Keeper do
      }}
   end
 
-  # Soon while tokens come and go, less often while nothing changes; never more than a
-  # 1/@cpu_share of a CPU.
-  defp next_interval(state, true = _changed?), do: state.floor
+  # Every id has one token: a count of 1 says it (the common case, one clause a binary).
+  defp unheld_alone([{id, _size, 1} | rest], entries, unheld) when is_map_key(entries, id),
+    do: unheld_alone(rest, entries, [id | unheld])
 
-  defp next_interval(state, false),
-    do: max(state.floor, min(state.interval * 2, @idle_interval_ms))
+  defp unheld_alone([_ | rest], entries, unheld), do: unheld_alone(rest, entries, unheld)
+  defp unheld_alone([], _entries, unheld), do: unheld
 
-  # Ends the tracking of `gone` ({token, buffer}, whose count was 1): a buffer whose last token
-  # went is released on its node, a key whose last token went leaves the table.
-  defp release(gone, state) do
-    {buffers, keys, released} =
-      Enum.reduce(gone, {state.buffers, state.keys, []}, fn {token, buffer},
-                                                            {buffers, keys, released} ->
-        {buffers, last_buffer?} = count_out(buffers, buffer)
-        {keys, last_key?} = count_out(keys, key(token))
-        if last_key?, do: :ets.delete(@table, key(token))
-        {buffers, keys, if(last_buffer?, do: [buffer | released], else: released)}
+  # Some ids have several: their count must be the times this list names them.
+  defp unheld_shared(binaries, entries, shared_ids) do
+    {unheld, seen} =
+      Enum.reduce(binaries, {[], %{}}, fn
+        {id, _size, count}, {unheld, seen} = acc ->
+          cond do
+            is_map_key(shared_ids, id) ->
+              {unheld, Map.update(seen, id, {1, count}, fn {n, c} -> {n + 1, c} end)}
+
+            count == 1 and is_map_key(entries, id) ->
+              {[id | unheld], seen}
+
+            true ->
+              acc
+          end
       end)
 
-    {freed, released} = Enum.split_with(released, &MapSet.member?(state.freed, &1))
-    by_node = Enum.group_by(released, &node/1)
-    for {node, refs} <- by_node, do: GenServer.cast({:xla, node}, {:release, refs, self()})
-
-    %{
-      state
-      | buffers: buffers,
-        keys: keys,
-        freed: MapSet.difference(state.freed, MapSet.new(freed)),
-        released_to: Enum.uniq(Map.keys(by_node) ++ state.released_to)
-    }
+    unheld ++ for {id, {times, count}} <- seen, times == count, do: id
   end
 
-  defp count_out(counts, key) do
-    case Map.fetch!(counts, key) do
-      1 -> {Map.delete(counts, key), true}
-      n -> {Map.put(counts, key, n - 1), false}
-    end
+  # Ends the tracking of `gone` (items whose tokens nobody else holds): each ends one hold of
+  # this process on its buffer (holds are counted on the node: a buffer goes with its last),
+  # unless the buffer was freed there already. The key of a token taken over leaves the table:
+  # another copy of it still held somewhere is taken over again at its next use.
+  defp release(gone, state) do
+    released =
+      for item <- gone, buffer = elem(item, 1), not is_map_key(state.freed, buffer) do
+        with {token, _buffer, :adopted} <- item, do: :ets.delete(@table, key(token))
+        buffer
+      end
+
+    by_node = Enum.group_by(released, &node/1)
+    for {node, refs} <- by_node, do: GenServer.cast({:xla, node}, {:release, refs, self()})
+    %{state | released_to: Enum.uniq(Map.keys(by_node) ++ state.released_to)}
   end
 
   # The ids of the pending tokens, learnt by probes: each takes up to @sizes tokens of distinct
   # sizes. A probe that fails leaves its tokens pending for the next sweep. The id and the size
-  # are those of the binary a token refers to: a token made here is one, a token that came from
-  # another node is part of the binary of the message it came in.
-  defp learn(%{pending: []} = state), do: state
+  # are those of the binary a token refers to: a token made on a node is one, a token that came
+  # from another node is part of the binary of the message it came in.
+  defp learn(%{pending_count: 0} = state), do: state
 
   defp learn(state) do
-    {entries, learnt, left} =
+    groups =
       state.pending
-      |> Enum.group_by(fn {token, _buffer} -> :binary.referenced_byte_size(token) end)
+      |> Enum.concat()
+      |> Enum.group_by(&:binary.referenced_byte_size(elem(&1, 0)))
       |> Map.values()
       |> rounds([])
-      |> Enum.reduce({state.entries, [], []}, fn group, {entries, learnt, left} ->
+
+    {entries, shared_ids, learnt, left} =
+      Enum.reduce(groups, {state.entries, state.shared_ids, 0, []}, fn group, acc ->
+        {entries, shared_ids, learnt, left} = acc
+
         case probe(group) do
           {:ok, ids} ->
-            Enum.reduce(group, {entries, learnt, left}, fn {token, _} = item, {e, l, left} ->
-              id = Map.fetch!(ids, :binary.referenced_byte_size(token))
-              {Map.update(e, id, [item], &[item | &1]), [id | l], left}
-            end)
+            {entries, shared_ids} = learnt(ids, group, entries, shared_ids)
+            {entries, shared_ids, learnt + length(group), left}
 
           :error ->
-            {entries, learnt, group ++ left}
-        end
-      end)
-
-    shared_ids =
-      Enum.reduce(learnt, state.shared_ids, fn id, shared ->
-        case Map.fetch!(entries, id) do
-          [_one] -> shared
-          items -> Map.put(shared, id, length(items))
+            {entries, shared_ids, learnt, group ++ left}
         end
       end)
 
@@ -454,43 +502,59 @@ defmodule XlaNode.Keeper do
       state
       | entries: entries,
         shared_ids: shared_ids,
-        learnt: state.learnt + length(learnt),
-        pending: left,
+        learnt: state.learnt + learnt,
+        pending: if(left == [], do: [], else: [left]),
         pending_count: length(left)
     }
   end
 
-  # Groups of items with distinct sizes: one of each size per round.
-  defp rounds(by_size, acc) do
-    case Enum.reject(by_size, &(&1 == [])) do
-      [] ->
-        acc
+  defp learnt([id | ids], [item | items], entries, shared_ids) do
+    case entries do
+      %{^id => more} ->
+        learnt(
+          ids,
+          items,
+          %{entries | id => [item | more]},
+          Map.put(shared_ids, id, length(more) + 1)
+        )
 
-      left ->
-        rounds(Enum.map(left, &tl/1), [Enum.map(left, &hd/1) | acc])
+      entries ->
+        learnt(ids, items, Map.put(entries, id, [item]), shared_ids)
     end
   end
 
-  # A process holding only the group's tokens lists each once: size => id.
+  defp learnt([], [], entries, shared_ids), do: {entries, shared_ids}
+
+  # Groups of items with distinct sizes, from lists of one size each: one of each per round.
+  defp rounds(lists, acc) do
+    case for([item | _] <- lists, do: item) do
+      [] -> acc
+      round -> rounds(for([_ | rest] <- lists, do: rest), [round | acc])
+    end
+  end
+
+  # A process holding only the group's tokens lists each once; it gives their ids in order.
   defp probe(group) do
     tokens = Enum.map(group, &elem(&1, 0))
 
     {_pid, monitor} =
       spawn_monitor(fn ->
         {:binary, binaries} = :erlang.process_info(self(), :binary)
-        ids = for {id, size, _count} <- binaries, do: {size, id}
-        # The tokens are held until after the list is read.
-        exit({:probed, ids, length(tokens)})
+        by_size = Map.new(binaries, fn {id, size, _count} -> {size, id} end)
+
+        ids =
+          if map_size(by_size) == length(binaries),
+            do: Enum.map(tokens, &Map.get(by_size, :binary.referenced_byte_size(&1))),
+            else: []
+
+        exit({:probed, ids})
       end)
 
     receive do
-      {:DOWN, ^monitor, :process, _pid, {:probed, ids, _}} ->
-        by_size = Map.new(ids)
-
-        if map_size(by_size) == length(ids) and
-             Enum.all?(tokens, &Map.has_key?(by_size, :binary.referenced_byte_size(&1))),
-           do: {:ok, by_size},
-           else: :error
+      {:DOWN, ^monitor, :process, _pid, {:probed, ids}} ->
+        if length(ids) == length(tokens) and not Enum.member?(ids, nil),
+          do: {:ok, ids},
+          else: :error
 
       {:DOWN, ^monitor, :process, _pid, _reason} ->
         :error
