@@ -126,6 +126,26 @@ defmodule XlaNode.CallbackServerTest do
     assert {:error, {:runtime_error, "Elixir callback exited: :killed"}} = await(ref)
   end
 
+  test "a callback that ends its own process, even normally, still gets an answer" do
+    {:ok, cb} =
+      CallbackServer.start_link(%{
+        normal: fn _ -> Process.exit(self(), :normal) end,
+        killed: fn _ -> Process.exit(self(), :kill) end,
+        fine: fn _ -> {:ok, []} end
+      })
+
+    assert {:error, {:runtime_error, "Elixir callback exited: :normal"}} =
+             await(call_back(cb, :normal, []))
+
+    assert {:error, {:runtime_error, "Elixir callback exited: :killed"}} =
+             await(call_back(cb, :killed, []))
+
+    # A callback that replied is not answered for again when its process ends.
+    ref = call_back(cb, :fine, [])
+    assert await(ref) == {:ok, []}
+    refute_receive {^ref, _}, 100
+  end
+
   test "slow callbacks do not block others" do
     {:ok, cb} =
       CallbackServer.start_link(%{

@@ -140,6 +140,23 @@ defmodule XlaNode.NxPoolTest do
     assert error.message =~ inspect(node(a.data.buffer))
   end
 
+  test "a callback that raises through a pool raises its exception, once", %{pool: pool} do
+    test = self()
+
+    raising = fn x ->
+      Nx.runtime_call(x, x, [], fn _t, _opts ->
+        send(test, :called)
+        raise ArgumentError, "not through a pool either"
+      end)
+    end
+
+    f = Nx.Defn.jit(raising, compiler: XlaNode.Compiler, node: pool)
+    assert_raise ArgumentError, "not through a pool either", fn -> f.(Nx.tensor([1.0])) end
+    # The pool does not re-send a run whose callback has fired.
+    assert_received :called
+    refute_received :called
+  end
+
   test "a run through a pool names the pool, not a node, in its :telemetry metadata", %{
     pool: pool
   } do

@@ -33,9 +33,10 @@ defmodule XlaNode.CallbackServer do
   Anything else is answered with `{:error, {:runtime_error, "..."}}`. Failures follow EXLA's
   `EXLA.CallbackServer`: a raised exception becomes `{:error, {:runtime_error,
   "Elixir callback raised ArgumentError: message"}}`, a throw or an exit
-  `{:error, {:runtime_error, "Elixir callback threw: ..."}}` / `"... exited: ..."`. An id with
-  no callback is answered with `{:error, {:unknown_callback, "no callback registered for id
-  ..."}}`.
+  `{:error, {:runtime_error, "Elixir callback threw: ..."}}` / `"... exited: ..."`, and so is a
+  callback whose process ends before it has replied (killed from outside, or ending itself,
+  even with `:normal`): `"Elixir callback exited: :killed"`. An id with no callback is answered
+  with `{:error, {:unknown_callback, "no callback registered for id ..."}}`.
 
   Each callback run is a `[:xla_node, :callback]` `:telemetry` span when the application has
   `:telemetry` (see `XlaNode.Telemetry`).
@@ -196,7 +197,7 @@ defmodule XlaNode.CallbackServer do
        # infeed values pushed and not taken yet, and infeed requests waiting for a value
        infeed: :queue.new(),
        waiting: :queue.new(),
-       # monitor ref => reply tag, for callbacks running in their own process
+       # pid => {monitor, reply tag}, for callbacks running in their own process
        tasks: %{}
      }}
   end
@@ -232,10 +233,15 @@ defmodule XlaNode.CallbackServer do
       {:ok, fun} ->
         metadata = %{node: caller_node(reply_to), callback_server: self(), callback_id: id}
 
-        {_pid, monitor} =
-          spawn_monitor(fn -> reply(reply_to, run_callback(fun, id, args, metadata)) end)
+        server = self()
 
-        {:noreply, put_in(state.tasks[monitor], reply_to)}
+        {pid, monitor} =
+          spawn_monitor(fn ->
+            reply(reply_to, run_callback(fun, id, args, metadata))
+            send(server, {__MODULE__, :replied, self()})
+          end)
+
+        {:noreply, put_in(state.tasks[pid], {monitor, reply_to})}
 
       :error ->
         message = "no callback registered for id #{inspect(id)} in #{inspect(self())}"
@@ -260,16 +266,25 @@ defmodule XlaNode.CallbackServer do
     end
   end
 
-  def handle_info({:DOWN, monitor, :process, _pid, reason}, state) do
-    {reply_to, tasks} = Map.pop(state.tasks, monitor)
-
-    # The task replies before it exits normally; any other exit (a kill from outside) leaves the
-    # program waiting, so answer for it.
-    if reply_to != nil and reason != :normal do
-      reply(reply_to, {:error, {:runtime_error, "Elixir callback exited: #{inspect(reason)}"}})
-    end
-
+  # A callback's process says it has replied before it ends (before its :DOWN, which comes
+  # from the same process): it is done with.
+  def handle_info({__MODULE__, :replied, pid}, state) do
+    {task, tasks} = Map.pop(state.tasks, pid)
+    with {monitor, _reply_to} <- task, do: Process.demonitor(monitor, [:flush])
     {:noreply, %{state | tasks: tasks}}
+  end
+
+  # One that ends without having replied (killed from outside, or ending its own process, even
+  # with :normal) leaves the program waiting: answer for it.
+  def handle_info({:DOWN, _monitor, :process, pid, reason}, state) do
+    case Map.pop(state.tasks, pid) do
+      {{_monitor, reply_to}, tasks} ->
+        reply(reply_to, {:error, {:runtime_error, "Elixir callback exited: #{inspect(reason)}"}})
+        {:noreply, %{state | tasks: tasks}}
+
+      {nil, _tasks} ->
+        {:noreply, state}
+    end
   end
 
   def handle_info(message, state) do

@@ -12,7 +12,10 @@ defmodule XlaNode.Compiler do
   compile anew. Only the arguments the expression uses are read and sent, as under
   `Nx.Defn.Evaluator`: templates and lazy containers' unused members are never read.
   `Nx.runtime_call/4` callbacks and hooks (`print_value`, `hook/3`) run on the caller's node, in
-  a callback server started for each call, while the program runs on the compute node.
+  a callback server started for each call, while the program runs on the compute node. A
+  callback that fails (raises, throws, exits, or returns a result that does not match its
+  output template) fails the call as under `Nx.Defn.Evaluator`, with its own exception (see
+  `XlaNode.Compiler.Callbacks`).
 
   The expression never leaves the process that traced it: the cache holds the executable, the
   output templates and the callbacks, and the function `Nx.Defn.compile/3` returns captures no

@@ -280,8 +280,7 @@ defmodule XlaNode.Compiler.Lower do
 
   defp op(:conjugate, [x], ans, state) do
     {v, state} = lower(x, state)
-    v = cast(v, ans.type)
-    {M.complex(M.real(v), M.negate(M.imag(v))), state}
+    {conjugate(cast(v, ans.type)), state}
   end
 
   defp op(:is_nan, [x], ans, state) do
@@ -717,15 +716,28 @@ defmodule XlaNode.Compiler.Lower do
     {value, state}
   end
 
-  # Nx solves a x = b (left_side) or x a = b, with b a matrix or a vector.
+  # Nx solves op(a) x = b (left_side) or x op(a) = b for a triangular a (or a batch of them),
+  # with b a matrix (of a's rank) or a vector (one less: a batch of vectors when a is batched),
+  # solved as a column (left_side) or a row. op is a, its transpose, or its conjugate, which
+  # stablehlo.triangular_solve does not have (its :adjoint also transposes): a is conjugated
+  # first, as Nx's own backend does.
   defp op(:triangular_solve, [a, b, opts], ans, state) do
     {[va, vb], state} = lower_all([a, b], state)
     {va, vb} = {cast(va, ans.type), cast(vb, ans.type)}
+    {_, adims} = va.type
     {_, bdims} = vb.type
     left = Keyword.get(opts, :left_side, true)
-    vector = length(bdims) == 1
-    vb = if vector, do: M.reshape(vb, if(left, do: bdims ++ [1], else: [1 | bdims])), else: vb
-    transpose = if opts[:transform_a] == :transpose, do: :transpose, else: :no_transpose
+    vector = length(bdims) == length(adims) - 1
+    # A column [..., m, 1] on the left, a row [..., 1, m] on the right.
+    as_matrix = List.insert_at(bdims, if(left, do: -1, else: -2), 1)
+    vb = if vector, do: M.reshape(vb, as_matrix), else: vb
+
+    {va, transpose} =
+      case Keyword.get(opts, :transform_a, :none) do
+        :none -> {va, :no_transpose}
+        :transpose -> {va, :transpose}
+        :conjugate -> {conjugate(va), :no_transpose}
+      end
 
     x =
       M.triangular_solve(va, vb,
@@ -1005,6 +1017,13 @@ defmodule XlaNode.Compiler.Lower do
   end
 
   defp is_nan(v), do: M.compare(:ne, v, v)
+
+  # Of a complex value; a real one is its own conjugate.
+  defp conjugate(v) do
+    if M.category(elem_type(v)) == :complex,
+      do: M.complex(M.real(v), M.negate(M.imag(v))),
+      else: v
+  end
 
   # stablehlo.cbrt is real-only: the principal root, cbrt(|z|) e^(i arg(z) / 3), as Nx's.
   defp complex_cbrt(v) do

@@ -31,7 +31,7 @@ defmodule XlaNode.Compiler.Program do
   alias Nx.Defn.{Composite, Expr, Tree}
   alias Nx.Tensor, as: T
   alias XlaNode.Backend.Transfer
-  alias XlaNode.Compiler.{Cache, Lower}
+  alias XlaNode.Compiler.{Cache, Callbacks, Lower}
 
   @typedoc "Where a program is kept: `{function_key, arguments_key, node or pool}`."
   @type key :: {term(), term(), node() | XlaNode.Pool.t()}
@@ -310,14 +310,20 @@ defmodule XlaNode.Compiler.Program do
     if callbacks == %{} do
       Transfer.run!(node, exe, args, Keyword.put(run_opts, :timeout, timeout))
     else
-      {:ok, server} =
-        XlaNode.CallbackServer.start_link(XlaNode.Compiler.Callbacks.handlers(callbacks, hooks))
+      # A callback that fails tells this process how (Callbacks.handlers/3), which then fails
+      # as the callback did, as under Nx.Defn.Evaluator.
+      report_to = :erlang.alias()
+      handlers = Callbacks.handlers(callbacks, hooks, report_to)
+      {:ok, server} = XlaNode.CallbackServer.start_link(handlers)
 
       try do
         Transfer.run!(node, exe, args, run_opts ++ [callback_server: server, timeout: timeout])
+      rescue
+        error in XlaNode.Error -> Callbacks.raise_failure(report_to, error, __STACKTRACE__)
       after
         Process.unlink(server)
         Process.exit(server, :shutdown)
+        Callbacks.close(report_to)
       end
     end
   end
