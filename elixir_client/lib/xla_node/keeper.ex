@@ -54,6 +54,9 @@ defmodule XlaNode.Keeper do
   A client node that goes down releases what its keeper held (the compute node monitors the
   keeper).
 
+  A token made here that went through `:erlang.term_to_binary/1` and back is a binary of its
+  own again, taken for the one made here: it is not held by itself.
+
   Until its first use there, a tensor on another node is held only by the node it came from:
   a tensor sent to another node and dropped here at once is gone there if it was not used
   there first (nothing in Erlang runs when a message arrives). Copies of one token that reached
@@ -122,8 +125,10 @@ defmodule XlaNode.Keeper do
 
   @doc """
   Makes sure this node's keeper holds `buffer` for the processes of this node, given the
-  `token` that came with it: a no-op for a token this keeper tracks; for one made on another
-  node (or before this keeper restarted, or whose tracking here ended), it shares the buffer on
+  `token` that came with it: a no-op for a token made here (no lookup: such a token is a
+  binary of its own), or taken over here already (one table lookup); for any other (made on
+  another node, or here but come back from another node, or before this keeper restarted) it
+  shares the buffer on
   its node (`{:share, [buffer], keeper}`, a call: once this returns, the buffer stays while
   this node's processes hold the token, whatever the other nodes do; one round trip, the first
   time this node sees the token) and tracks this token. A buffer that is gone already stays
