@@ -19,6 +19,9 @@
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh lifetime   # only: what a tensor's lifetime (XlaNode.Keeper) costs, per tensor made
 #                           # and per sweep, against an eager operation's request
+#   bench/run.sh ondemand   # only: XlaNode.Pool with launcher: (min 0, max 3) against a fixed pool
+#                           # of three nodes under the same load: first call on an empty pool,
+#                           # throughput growing from no node and grown
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 #   bench/run.sh gpu        # only: on an NVIDIA GPU, against JAX on the same GPU in the same run: a
@@ -93,7 +96,7 @@ if [ "$part" = all ] || [ "$part" = metrics ]; then
         wait_registered "$XLA_NODE_BENCH_BASELINE_NODE"
     fi
 fi
-if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != gpu ]; then
+if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != ondemand ] && [ "$part" != gpu ]; then
     # The client's modules (bench.exs moves 1 GiB as XlaNode.Transfer does), compiled.
     (cd elixir_client && mix compile >/dev/null)
     client_ebin=elixir_client/_build/dev/lib/xla_node_client/ebin
@@ -134,6 +137,11 @@ if [ "$part" = all ] || [ "$part" = lifetime ]; then
     # In the client's Mix project, for XlaNode.Keeper.
     (cd elixir_client && elixir --sname "bench_lifetime_$$" --cookie "$cookie" -S mix run ../bench/lifetime.exs \
         "$name" </dev/null)
+fi
+if [ "$part" = all ] || [ "$part" = ondemand ]; then
+    # Its nodes are started by XlaNode.Local and the pool's launcher, from this binary.
+    (cd elixir_client && XLA_NODE_BIN="$bin" elixir --sname "bench_on_demand_$$" -S mix run \
+        ../bench/pool_on_demand.exs </dev/null)
 fi
 if [ "$part" = all ] || [ "$part" = nx ]; then
     # The defn part runs in elixir_nx's Mix project, which needs Nx, hence Elixir >= 1.17.

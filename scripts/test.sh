@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up (scripts/setup.sh) and runs every test: formatting and lints, the Rust unit,
 # executor and callback tests (real PJRT plugin, real Elixir peers), the Elixir client's unit
-# tests, and the multi-node integration suite (real epmd, real BEAM nodes, the release binary).
+# tests, and the multi-node integration suite (real epmd, real BEAM nodes, the release binary, a
+# real sshd on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -33,6 +34,10 @@ if [ -n "${NX_PATH:-}" ]; then
 else
     echo "elixir_nx: tests skipped: Nx is not present (set NX_PATH to a local Nx checkout, with COMPLEX_PATH, TELEMETRY_PATH and Elixir >= 1.17, to run them)"
 fi
+
+# A throwaway OpenSSH server on loopback (openssh-server from apt, keys under target/sshd) for
+# the tests of XlaNode.Launcher.SSH.
+scripts/sshd.sh
 
 cd integration
 export MIX_ENV=test XLA_NODE_BIN="$PWD/../target/release/xla_node"

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod node;
 pub mod schedule;
 pub mod server;
+pub mod shutdown;
 pub mod tensor_term;
 #[cfg(test)]
 mod test_support;

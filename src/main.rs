@@ -20,6 +20,7 @@ use xla_node::node::tls::TlsDist;
 use xla_node::node::{cookie, Node, NodeConfig};
 use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
+use xla_node::shutdown::{self, StopRequests};
 use xla_node::xla::{CreateOption, OptionValue};
 
 /// Large messages allocate and free multi-MiB buffers all the time. glibc hands each one back to
@@ -45,6 +46,15 @@ struct Cli {
     /// Magic cookie; default: the contents of $HOME/.erlang.cookie (created if missing), as `erl`.
     #[arg(long, env = "XLA_NODE_COOKIE", hide_env_values = true)]
     cookie: Option<String>,
+    /// Reads the magic cookie from the first line of standard input, so that it is in no
+    /// command line and no environment (how `XlaNode.Local` and `XlaNode.Launcher.SSH` pass it);
+    /// it takes the place of `--cookie` and `XLA_NODE_COOKIE`.
+    #[arg(long)]
+    cookie_from_stdin: bool,
+    /// Stops the node, as SIGTERM does, when its standard input closes: a parent that holds
+    /// the other end of the pipe (an Erlang port, `ssh`) closes it by exiting, however it exits.
+    #[arg(long)]
+    exit_on_stdin_close: bool,
     /// Address to listen on for distribution connections (kernel `inet_dist_use_interface`).
     #[arg(long, default_value = "0.0.0.0")]
     inet_dist_use_interface: IpAddr,
@@ -248,13 +258,18 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    // First of all: a parent waiting to write the cookie must not wait on anything else.
+    let stdin_cookie = cli
+        .cookie_from_stdin
+        .then(|| shutdown::read_cookie(&mut std::io::stdin().lock()))
+        .transpose()?;
     let tls = tls_settings(&cli)?;
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;
     let client_options = client_options(&cli)?;
     let config = NodeConfig {
         name: full_name(&cli)?,
-        cookie: match &cli.cookie {
-            Some(c) => c.clone(),
+        cookie: match stdin_cookie.or_else(|| cli.cookie.clone()) {
+            Some(c) => c,
             None => cookie::load_or_create().context("reading $HOME/.erlang.cookie")?,
         },
         listen_address: cli.inet_dist_use_interface,
@@ -270,7 +285,13 @@ fn main() -> anyhow::Result<()> {
         .as_deref()
         .map(metrics::endpoint::bind)
         .transpose()?;
-    let signals = watch_signals()?;
+    let stop = StopRequests::new();
+    stop.watch_signals()?;
+    if cli.exit_on_stdin_close {
+        // The rest of the input, after the cookie's line where there was one (`Stdin` buffers
+        // for the whole process, so nothing read ahead is lost).
+        stop.watch_input(std::io::stdin())?;
+    }
     // Deep (but accepted) terms are decoded and dropped recursively: give threads room.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -298,48 +319,15 @@ fn main() -> anyhow::Result<()> {
         )?;
         let _metrics = metrics.map(|m| m.serve(server.metrics())).transpose()?;
         node.start_accepting();
-        let signal = signals.await?;
-        tracing::info!("{signal}: shutting down");
+        let reason = stop.first().await;
+        tracing::info!("{reason}: shutting down");
+        shutdown::bound_shutdown(reason);
         node.shutdown().await;
         drop(server);
         Ok::<_, anyhow::Error>(())
     })?;
     // Executor threads may still be finishing a run; the process exits without waiting for them.
     std::process::exit(0)
-}
-
-/// How long a graceful shutdown may take before the node ends at once.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-
-/// Waits for SIGTERM or SIGINT on a thread of its own, outside the async runtime, and reports
-/// the first through the returned receiver so that the node shuts down gracefully. The node
-/// always ends within [`SHUTDOWN_GRACE`] of that signal, at once on a second one: the thread
-/// then lets the signal's default action (termination) happen, whatever runs are doing.
-fn watch_signals() -> anyhow::Result<tokio::sync::oneshot::Receiver<&'static str>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    use signal_hook::low_level::{emulate_default_handler, signal_name};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-    let (first, received) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("xla-node-signals".into())
-        .spawn(move || {
-            let mut signals = signals.forever();
-            let Some(signal) = signals.next() else { return };
-            let name = signal_name(signal).unwrap_or("signal");
-            let _ = first.send(name);
-            std::thread::spawn(move || {
-                std::thread::sleep(SHUTDOWN_GRACE);
-                tracing::error!(
-                    "shutdown took more than {} s; ending now",
-                    SHUTDOWN_GRACE.as_secs()
-                );
-                let _ = emulate_default_handler(signal);
-            });
-            if let Some(again) = signals.next() {
-                let _ = emulate_default_handler(again);
-            }
-        })?;
-    Ok(received)
 }
 
 #[cfg(test)]

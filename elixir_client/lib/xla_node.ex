@@ -20,7 +20,9 @@ defmodule XlaNode do
   A local registered name must be given as `{name, node()}`, since a bare atom means a node.
 
   `server` may also be an `XlaNode.Pool` (its name, an atom without `"@"`, or its pid): the
-  pool chooses a node for each call and re-sends a run elsewhere when its node goes down.
+  pool chooses a node for each call and re-sends a run elsewhere when its node goes down. And
+  it may be the name of an `XlaNode.Local`, a node this application started: the call goes to
+  its node.
 
   ## Results and errors
 
@@ -594,7 +596,9 @@ defmodule XlaNode do
       {:xla, :"xla@host"}
   """
   @spec server(server()) :: GenServer.server()
-  def server(node) when is_atom(node) and node != nil, do: {:xla, node}
+  def server(node) when is_atom(node) and node != nil,
+    do: {:xla, XlaNode.Local.whereis_node(node) || node}
+
   def server(server), do: server
 
   ## Internals
@@ -604,9 +608,11 @@ defmodule XlaNode do
   defp telemetry_metadata(server, opts, own) do
     # A pool picks the node per call: the call itself names none.
     {node, target} =
-      if XlaNode.Pool.pool?(server),
-        do: {nil, server},
-        else: {Telemetry.node_of(server(server)), server(server)}
+      case XlaNode.Pool.route(server, nil) do
+        {:pool, _} -> {nil, server}
+        {:node, node} -> {Telemetry.node_of(server(node)), server(node)}
+        {:error, _} -> {nil, server}
+      end
 
     %{node: node, server: target}
     |> Map.merge(own)
@@ -633,7 +639,7 @@ defmodule XlaNode do
     XlaNode.Frees.send_noted()
 
     case XlaNode.Pool.route(server, request) do
-      :node -> call_node(server, request, timeout)
+      {:node, node} -> call_node(node, request, timeout)
       {:pool, pool} -> XlaNode.Pool.request(pool, request, timeout)
       {:error, _} = error -> error
     end
@@ -645,7 +651,7 @@ defmodule XlaNode do
     XlaNode.Frees.send_noted()
 
     case XlaNode.Pool.route(server, request) do
-      :node -> {call_node(server, request, timeout), %{attempts: 1}}
+      {:node, node} -> {call_node(node, request, timeout), %{attempts: 1}}
       {:pool, pool} -> XlaNode.Pool.run(pool, request, timeout)
       {:error, _} = error -> {error, %{attempts: 0}}
     end

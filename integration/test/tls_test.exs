@@ -156,6 +156,23 @@ defmodule XlaNode.TlsTest do
     Harness.stop_peer(rogue_peer)
   end
 
+  test "XlaNode.Local in a VM on TLS distribution starts its node on TLS, with the VM's file", %{
+    good: good
+  } do
+    peer = tls_peer(good)
+    opts = [name: :xla, log: "warn", args: Harness.extra_args()]
+    {node, os_pid, _vm} = on(peer, PeerHelpers, :start_local, [opts])
+    assert on(peer, XlaNode, :ping, [:xla]) == :pong
+    assert node in on(peer, Node, :list, [:hidden])
+    {:ok, cmdline} = File.read("/proc/#{os_pid}/cmdline")
+    assert cmdline =~ "--proto-dist\0inet_tls\0--ssl-dist-optfile\0#{good}\0"
+
+    Harness.stop_peer(peer)
+
+    assert Harness.eventually(fn -> not Harness.os_process_alive?(os_pid) end, 15_000),
+           "the node outlived its TLS VM"
+  end
+
   describe "start-up refused with one clear message" do
     defp start_fails(args) do
       name = Harness.unique_name("xla_tls_bad")

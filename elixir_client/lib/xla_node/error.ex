@@ -15,7 +15,8 @@ defmodule XlaNode.Error do
         `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
         `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
         another reason), `:bad_reply` (an answer this library does not understand),
-        `:no_nodes` (an `XlaNode.Pool` without nodes).
+        `:no_nodes` (an `XlaNode.Pool` without nodes), `:launch_error` (a node that
+        `XlaNode.Local` or a pool's launcher could not start: the message says why).
     * `:message` - a human readable message (a binary).
     * `:reason` - the raw reason: the exit reason for call errors, the `{kind, message}` term the
       node sent otherwise.
@@ -40,6 +41,7 @@ defmodule XlaNode.Error do
           | :exit
           | :bad_reply
           | :no_nodes
+          | :launch_error
           | atom()
 
   @type t :: %__MODULE__{kind: kind(), message: String.t(), reason: term(), node: node() | nil}

@@ -7,7 +7,9 @@ defmodule XlaNode.Options do
   # option, and what it accepts, as `Keyword.validate!/2` does for unknown keys.
 
   @typedoc """
-  What an option accepts: one of the kinds below, or `{:in, values}` (one of `values`).
+  What an option accepts: one of the kinds below, `{:in, values}` (one of `values`), or
+  `{:check, description, fun}` (a value for which `fun` returns true; `description` completes
+  "must be ..." in the error).
   """
   @type kind ::
           :boolean
@@ -31,8 +33,10 @@ defmodule XlaNode.Options do
           | :node_names
           | :pool_name
           | :backoff
+          | :string
           | :any
           | {:in, [term()]}
+          | {:check, String.t(), (term() -> boolean())}
 
   @doc """
   Returns `opts` when it is a keyword list whose keys are all in `spec` (`[key: kind]`) and whose
@@ -120,6 +124,8 @@ defmodule XlaNode.Options do
       )
 
   defp valid?(:any, _value), do: true
+  defp valid?(:string, value), do: is_binary(value) and value != ""
+  defp valid?({:check, _description, fun}, value), do: fun.(value) == true
 
   defp valid?(:name, value) do
     case value do
@@ -187,5 +193,7 @@ defmodule XlaNode.Options do
 
   defp describe(:backoff), do: "{first_ms, max_ms} with 0 <= first_ms <= max_ms and max_ms > 0"
   defp describe(:any), do: "any term"
+  defp describe(:string), do: "a non-empty string"
+  defp describe({:check, description, _fun}), do: description
   defp describe({:in, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)
 end

@@ -27,6 +27,45 @@ defmodule XlaNode.Pool do
   `:info` (a node restarted under the same name rejoins this way). `status/1` shows where each
   node stands.
 
+  ## Nodes on demand
+
+  Given a `launcher:` (an `XlaNode.Launcher`), a pool starts its own nodes and stops them, as
+  FLAME's pools start runners:
+
+      {XlaNode.Pool,
+       name: MyApp.XLA,
+       launcher: {XlaNode.Launcher.Local, plugin: :cpu},
+       min: 0,
+       max: 3,
+       idle_shutdown_after: 30_000}
+
+    * it keeps `:min` nodes started (side by side at start, and again when one dies);
+    * a call that finds no node up starts one and waits for it (the first `compile/3` of a pool
+      with `min: 0` starts its first node);
+    * a run that finds every device of every node up *busy*, with `:max_concurrency` runs of the
+      pool in flight or more (executing or queued on the node), starts one more node, up to
+      `:max`, one at a time: the next starts only once the last is up and the devices are still
+      busy. Runs are never held back for it: they go to the least loaded device meanwhile (the
+      node queues what it cannot run yet) and to the new node once it is up;
+    * a started node without a run of the pool in flight or answered for `:idle_shutdown_after`
+      is stopped, down to `:min`, once the node itself says that it holds nothing of anyone's
+      (no buffers, no run running or queued): a node with live buffers of its clients is not
+      idle, so that no buffer is lost. It first stops taking the runs the pool places (status
+      `:stopping`; runs pinned to it by their buffers or `node:` still go there), and is asked
+      once more before it stops; a call that finds no other node up takes it back;
+    * a node that fails to start is reported and tried again after `:launch_backoff`, doubling
+      with each failure in a row; a call that finds no node up meanwhile gets the failure as
+      `{:error, %XlaNode.Error{kind: :launch_error}}`, and the pool serves on the nodes it has;
+    * a started node that exits or goes down is forgotten and stopped (its runs in flight fail
+      over as any node's), and another started where `:min` asks for it; the pool stops every
+      node it started when it stops, however it stops (a node's process watches the pool's).
+
+  `nodes:` may be given too: those nodes are served alike and never stopped, and `:min` and
+  `:max` count only the nodes the pool starts. `status/1` says what was started and stopped,
+  when and why (`launcher:` and each node's `launched:`); each start is a `[:xla_node, :pool,
+  :launch]` span and each stop a `[:xla_node, :pool, :node_stop]` event (see
+  `XlaNode.Telemetry`).
+
   ## Programs
 
   A program compiled through a pool is an `XlaNode.Pool.Executable`: `compile/3` compiles it on
@@ -105,6 +144,7 @@ defmodule XlaNode.Pool do
     * a pool without nodes: kind `:no_nodes`;
     * no node up: kind `:nodedown`, `reason: {:nodes_down, nodes}`, the message naming each
       node and where it stands;
+    * no node up, and the pool's launcher failed to start one: kind `:launch_error`;
     * an executable of another pool, of one node, or freed: kind `:argument_error`.
   """
 
@@ -113,7 +153,7 @@ defmodule XlaNode.Pool do
   require Logger
 
   alias XlaNode.{Error, Options}
-  alias XlaNode.Pool.{Dispatch, Executable, Table}
+  alias XlaNode.Pool.{Dispatch, Executable, Scaler, Table}
 
   @typedoc "A pool: its registered name or its pid."
   @type t :: atom() | pid()
@@ -124,6 +164,12 @@ defmodule XlaNode.Pool do
           | {:max_attempts, pos_integer()}
           | {:reconnect_backoff, {non_neg_integer(), pos_integer()}}
           | {:check_timeout, timeout()}
+          | {:launcher, {module(), keyword()}}
+          | {:min, non_neg_integer()}
+          | {:max, pos_integer()}
+          | {:idle_shutdown_after, timeout()}
+          | {:max_concurrency, pos_integer()}
+          | {:launch_backoff, {non_neg_integer(), pos_integer()}}
 
   ## API
 
@@ -132,7 +178,8 @@ defmodule XlaNode.Pool do
 
   Options:
 
-    * `:nodes` - the compute nodes (node names, required; may be empty, see `add_node/2`)
+    * `:nodes` - the compute nodes (node names; required without `:launcher`, and may be
+      empty, see `add_node/2`)
     * `:name` - registers the pool under this atom; `XlaNode` functions then take the name
     * `:max_attempts` - attempts per run, the first included (default 3)
     * `:reconnect_backoff` - `{first_ms, max_ms}`: how soon a node that went down or could not
@@ -140,7 +187,30 @@ defmodule XlaNode.Pool do
     * `:check_timeout` - how long a node may take to answer `:info` when it (re)joins (default
       10_000 ms)
 
+  Nodes on demand (see "Nodes on demand" above):
+
+    * `:launcher` - `{module, options}`: an `XlaNode.Launcher` that starts the pool's nodes
+      (`XlaNode.Launcher.Local`, `XlaNode.Launcher.SSH`, or one of your own); its options are
+      checked here
+    * `:min` - nodes the pool keeps started (default 0)
+    * `:max` - nodes it may start (default `max(min, 1)`)
+    * `:idle_shutdown_after` - milliseconds after which a started node without work is stopped,
+      down to `:min`, or `:infinity` (default 30_000)
+    * `:max_concurrency` - runs of the pool in flight on a device (executing or queued on the
+      node) at which that device counts as busy (default 1): a run that finds every device of
+      every node busy starts one more node
+    * `:launch_backoff` - `{first_ms, max_ms}`: how long after a failed start the next one
+      may begin, doubling with each failure in a row (default `{1_000, 30_000}`)
+
       {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla@host1", :"xla@host2"])
+
+      {:ok, pool} =
+        XlaNode.Pool.start_link(
+          launcher: {XlaNode.Launcher.Local, []},
+          min: 0,
+          max: 2,
+          idle_shutdown_after: 3_000
+        )
   """
   @spec start_link([option()]) :: GenServer.on_start()
   def start_link(opts) do
@@ -181,7 +251,8 @@ defmodule XlaNode.Pool do
         ]
       }
 
-  Per node: `status` (`:up`; `:connecting`, `:checking` while it (re)joins; `:down`),
+  Per node: `status` (`:up`; `:connecting`, `:checking` while it (re)joins; `:down`;
+  `:stopping` while a node the pool started is drained before it stops),
   `in_flight` (runs of this pool sent there and not answered), `runs` (answered with results),
   `errors` (answered with an error), `failures` (attempts lost because the node went down),
   `retries` (of those, the runs re-sent elsewhere), `recent_run_us` (a moving average of its
@@ -189,8 +260,18 @@ defmodule XlaNode.Pool do
   `last_error` (why it is not up) and `devices`: per device of the node (as its `:info` last
   listed them), its index, its name, and the runs the pool placed on it in flight and answered
   with results (a run that its buffers place counts on the node alone; the node's own
-  `:info` `device_info` counts every run on each device). The totals are over the nodes. Raises `XlaNode.Error`
-  (kind `:noproc`) for an unknown pool.
+  `:info` `device_info` counts every run on each device), and `launched`: `nil` for a node
+  given to the pool, else `%{reason: :min | :demand | :saturated, since: DateTime, draining:
+  boolean}`, why and when the pool started it. The totals are over the nodes.
+
+  A pool with a launcher also has `launcher`: `%{module:, min:, max:, idle_shutdown_after:,
+  max_concurrency:, running:, launching:, started:, stopped:, failed:, last_error:,
+  next_launch_in_ms:, events:}`: the nodes it runs and is starting now, how many it started,
+  stopped and failed to start in all, the last failure's message, how long until a start may
+  be tried again after failures, and its last 20 events, newest first, each `%{event: :started
+  | :stopped | :launch_failed, node:, reason:, at: DateTime}` (a stop's reason: `:idle`,
+  `:removed`, `:pool_stopped`, `{:exited, reason}`, `:nodedown`); `nil` without one. Raises
+  `XlaNode.Error` (kind `:noproc`) for an unknown pool.
   """
   @spec status(t()) :: map()
   def status(pool), do: pool_call!(pool, :status)
@@ -228,21 +309,23 @@ defmodule XlaNode.Pool do
 
   @doc """
   Removes a node from the pool: no new runs go there, the pool's executables there are freed;
-  runs in flight there finish.
+  runs in flight there finish. A node the pool started is stopped (and another started where
+  `:min` asks for it).
   """
   @spec remove_node(t(), node()) :: :ok
   def remove_node(pool, node), do: pool_call!(pool, {:remove_node, node})
 
   @doc false
-  # For XlaNode's functions: whether `server` is a pool (`{:pool, context}`), a node (`:node`)
-  # or neither (`{:error, error}`: an unknown pool, or a pool's handle given to a node).
+  # For XlaNode's functions: whether `server` is a pool (`{:pool, context}`), a node or another
+  # GenServer server (`{:node, server}`, where the name of an `XlaNode.Local` stands for its
+  # node) or neither (`{:error, error}`: an unknown name, or a pool's handle given to a node).
   def route(server, request) do
     case Table.whereis(server) do
       nil ->
         cond do
-          pool_name?(server) -> {:error, unknown_pool(server)}
+          pool_name?(server) -> local_node(server)
           handle = pool_handle(request) -> {:error, Dispatch.foreign_handle(handle, server)}
-          true -> :node
+          true -> {:node, server}
         end
 
       tab ->
@@ -259,6 +342,13 @@ defmodule XlaNode.Pool do
   @doc false
   defdelegate run(context, request, timeout), to: Dispatch
 
+  defp local_node(name) do
+    case XlaNode.Local.whereis_node(name) do
+      nil -> {:error, unknown_pool(name)}
+      node -> {:node, node}
+    end
+  end
+
   # A bare atom without "@" cannot name a node.
   defp pool_name?(server),
     do: is_atom(server) and server != nil and not String.contains?(Atom.to_string(server), "@")
@@ -270,7 +360,10 @@ defmodule XlaNode.Pool do
 
   defp unknown_pool(server),
     do:
-      Error.noproc("no pool named #{inspect(server)} is running (and a node name needs an \"@\")")
+      Error.noproc(
+        "no pool named #{inspect(server)} is running, nor an XlaNode.Local with a node up " <>
+          "(and a node name needs an \"@\")"
+      )
 
   defp pool_call!(pool, request) do
     case Table.whereis(pool) && Table.context(Table.whereis(pool)) do
@@ -280,13 +373,23 @@ defmodule XlaNode.Pool do
   end
 
   # The options, checked, with their defaults.
+  @on_demand [:min, :max, :idle_shutdown_after, :max_concurrency, :launch_backoff]
+
   defp validate!(opts) do
     spec = [
       name: :pool_name,
       nodes: :node_names,
       max_attempts: :pos_integer,
       reconnect_backoff: :backoff,
-      check_timeout: :positive_timeout
+      check_timeout: :positive_timeout,
+      launcher:
+        {:check, "{module, options}, the module an XlaNode.Launcher, the options a keyword list",
+         &launcher?/1},
+      min: :non_neg_integer,
+      max: :pos_integer,
+      idle_shutdown_after: :positive_timeout,
+      max_concurrency: :pos_integer,
+      launch_backoff: :backoff
     ]
 
     # XlaNode.Options names the first unknown option; the pool's message names them all.
@@ -295,7 +398,13 @@ defmodule XlaNode.Pool do
     opts =
       Options.validate!(opts, "XlaNode.Pool.start_link/1", spec, "; unknown: #{inspect(unknown)}")
 
-    nodes = Keyword.get(opts, :nodes) || raise ArgumentError, "XlaNode.Pool needs nodes: [...]"
+    nodes =
+      Keyword.get(opts, :nodes) ||
+        if(opts[:launcher],
+          do: [],
+          else:
+            raise(ArgumentError, "XlaNode.Pool needs nodes: [...] or launcher: {module, opts}")
+        )
 
     [
       name: Keyword.get(opts, :name),
@@ -303,7 +412,52 @@ defmodule XlaNode.Pool do
       max_attempts: Keyword.get(opts, :max_attempts, 3),
       reconnect_backoff: Keyword.get(opts, :reconnect_backoff, {100, 5_000}),
       check_timeout: Keyword.get(opts, :check_timeout, 10_000)
-    ]
+    ] ++ on_demand!(opts)
+  end
+
+  defp launcher?({module, opts}) when is_atom(module), do: Keyword.keyword?(opts)
+  defp launcher?(_), do: false
+
+  # The launcher and its bounds, checked: a launcher's own options by the launcher.
+  defp on_demand!(opts) do
+    case Keyword.fetch(opts, :launcher) do
+      :error ->
+        case Enum.find(@on_demand, &Keyword.has_key?(opts, &1)) do
+          nil ->
+            [launcher: nil]
+
+          key ->
+            raise ArgumentError,
+                  "XlaNode.Pool.start_link/1: option #{inspect(key)} applies to a pool that " <>
+                    "starts its nodes: give launcher: {module, options} too"
+        end
+
+      {:ok, {module, launcher_opts}} ->
+        unless Code.ensure_loaded?(module) and function_exported?(module, :start_node, 2) and
+                 function_exported?(module, :stop_node, 1) and
+                 function_exported?(module, :validate_options, 1) do
+          raise ArgumentError,
+                "XlaNode.Pool.start_link/1: option :launcher: #{inspect(module)} is not an " <>
+                  "XlaNode.Launcher (validate_options/1, start_node/2, stop_node/1)"
+        end
+
+        min = Keyword.get(opts, :min, 0)
+        max = Keyword.get(opts, :max, max(min, 1))
+
+        if min > max do
+          raise ArgumentError,
+                "XlaNode.Pool.start_link/1: option :min (#{min}) is more than :max (#{max})"
+        end
+
+        [
+          launcher: {module, module.validate_options(launcher_opts)},
+          min: min,
+          max: max,
+          idle_shutdown_after: Keyword.get(opts, :idle_shutdown_after, 30_000),
+          max_concurrency: Keyword.get(opts, :max_concurrency, 1),
+          launch_backoff: Keyword.get(opts, :launch_backoff, {1_000, 30_000})
+        ]
+    end
   end
 
   defp check_node!(node) do
@@ -322,7 +476,17 @@ defmodule XlaNode.Pool do
     tab = Table.new()
     label = opts[:name] || self()
     pool_ref = make_ref()
-    Table.put_meta(tab, pool_ref, label, opts[:nodes], opts[:max_attempts])
+    scaler = if opts[:launcher], do: Scaler.new(opts, label)
+
+    Table.put_meta(
+      tab,
+      pool_ref,
+      label,
+      opts[:nodes],
+      opts[:max_attempts],
+      scaler && scaler.max_concurrency
+    )
+
     Enum.each(opts[:nodes], &Table.put_node(tab, &1))
     Table.register(Enum.reject([self(), opts[:name]], &is_nil/1), tab)
     :ok = :net_kernel.monitor_nodes(true, node_type: :all)
@@ -344,20 +508,26 @@ defmodule XlaNode.Pool do
       # {id, node} => [from]: callers waiting for a compile on a node
       pending: %{},
       # {from, node | nil}: callers waiting for a joining node (see :await_join)
-      waiters: []
+      waiters: [],
+      # nil, or the nodes it starts and stops (XlaNode.Pool.Scaler)
+      scaler: scaler,
+      retry_timer: nil,
+      idle_timer: nil
     }
 
-    {:ok, Enum.reduce(opts[:nodes], state, &connect(&2, &1))}
+    state = Enum.reduce(opts[:nodes], state, &connect(&2, &1))
+    {:ok, ensure_min(state)}
   end
 
   @impl true
   def terminate(_reason, state) do
     Table.unregister(Enum.reject([self(), state.name], &is_nil/1), state.tab)
+    if state.scaler, do: Scaler.stop_all(state.scaler)
   end
 
   @impl true
   def handle_call({:compile, mlir, node_opts, effects, node}, from, state) do
-    if up?(state, node) do
+    if serving?(state, node) do
       label = {:compile, from, node, generation(state, node), mlir, node_opts, effects}
       {:noreply, send_request(state, node, compile_request(mlir, node_opts), label)}
     else
@@ -376,7 +546,7 @@ defmodule XlaNode.Pool do
         {exe, _, _} = Table.executable(state.tab, id, node)
         {:reply, {:ok, exe}, state}
 
-      not up?(state, node) ->
+      not serving?(state, node) ->
         {:reply, {:error, Dispatch.not_up(node)}, state}
 
       Map.has_key?(state.pending, {id, node}) ->
@@ -409,40 +579,31 @@ defmodule XlaNode.Pool do
   def handle_call({:await_join, node}, from, state) do
     cond do
       # It came up since the caller looked.
-      up?(state, node) -> {:reply, {:ok, :changed}, state}
-      joining?(state, node) -> {:noreply, %{state | waiters: [{from, node} | state.waiters]}}
-      true -> {:reply, {:ok, :none}, state}
+      up?(state, node) ->
+        {:reply, {:ok, :changed}, state}
+
+      joining?(state, node) ->
+        {:noreply, %{state | waiters: [{from, node} | state.waiters]}}
+
+      node == nil and state.scaler != nil ->
+        on_demand(state, from)
+
+      true ->
+        {:reply, {:ok, :none}, state}
     end
   end
 
   def handle_call({:add_node, node}, _from, state) do
-    if Map.has_key?(state.nodes, node) do
-      {:reply, :ok, state}
-    else
-      Table.put_node(state.tab, node)
-      state = %{state | order: state.order ++ [node]}
-      put_meta(state)
-      {:reply, :ok, connect(state, node)}
-    end
+    if Map.has_key?(state.nodes, node),
+      do: {:reply, :ok, state},
+      else: {:reply, :ok, join(state, node)}
   end
 
   def handle_call({:remove_node, node}, _from, state) do
-    case Map.pop(state.nodes, node) do
-      {nil, _} ->
-        {:reply, :ok, state}
-
-      {info, nodes} ->
-        cancel_timer(info)
-        state = %{state | nodes: nodes, order: List.delete(state.order, node)}
-        put_meta(state)
-
-        state =
-          state.tab
-          |> Table.executables_on(node)
-          |> Enum.reduce(state, fn {_id, exe}, s -> free_on(s, node, exe) end)
-
-        Table.delete_node(state.tab, node)
-        {:reply, :ok, wake_waiters(state, node)}
+    if state.scaler && Scaler.launched?(state.scaler, node) do
+      {:reply, :ok, state |> stop_launched(node, :removed) |> ensure_min()}
+    else
+      {:reply, :ok, drop_node(state, node, true)}
     end
   end
 
@@ -501,6 +662,15 @@ defmodule XlaNode.Pool do
 
   defp handle_message({:nodedown, node, _info}, state) do
     case status(state, node) do
+      # A node the pool started is not waited for: it is stopped, and started anew if needed.
+      status when status in [:up, :checking, :stopping] and state.scaler != nil ->
+        if Scaler.launched?(state.scaler, node) do
+          {:noreply, state |> stop_launched(node, :nodedown) |> ensure_min()}
+        else
+          Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node} went down")
+          {:noreply, down(state, node, "disconnected")}
+        end
+
       status when status in [:up, :checking] ->
         Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node} went down")
         state = down(state, node, "disconnected")
@@ -516,9 +686,81 @@ defmodule XlaNode.Pool do
     {:noreply, state}
   end
 
-  defp handle_message({:DOWN, _monitor, :process, caller, _reason}, state) do
-    Table.end_runs_of(state.tab, caller)
+  defp handle_message({:DOWN, monitor, :process, pid, reason}, state) do
+    case state.scaler && Scaler.launch_ended(state.scaler, monitor, reason) do
+      {:started, node, _handle, _why, scaler} ->
+        state = join(%{state | scaler: scaler}, node)
+        {:noreply, schedule_idle_check(state)}
+
+      {:failed, error, _why, scaler} ->
+        {:noreply, launch_failed(%{state | scaler: scaler}, error)}
+
+      launch when launch in [nil, :unknown] ->
+        case state.scaler && Scaler.node_of_monitor(state.scaler, monitor) do
+          nil ->
+            # A caller that died with runs in flight.
+            Table.end_runs_of(state.tab, pid)
+            {:noreply, state}
+
+          node ->
+            {_handle, scaler} = Scaler.forget(state.scaler, node, :exited, reason)
+            state = drop_node(%{state | scaler: scaler}, node, false)
+            {:noreply, ensure_min(state)}
+        end
+    end
+  end
+
+  defp handle_message(:saturated, state) do
+    Table.clear_saturated(state.tab)
+    {:noreply, scale_up(state)}
+  end
+
+  defp handle_message(:launch_retry, state) do
+    state = ensure_min(%{state | retry_timer: nil})
+
+    state =
+      if Enum.any?(state.waiters, fn {_, node} -> node == nil end) and not up?(state, nil) and
+           map_size(state.scaler.launches) == 0,
+         do: launch(state, :demand),
+         else: state
+
     {:noreply, state}
+  end
+
+  defp handle_message(:idle_check, state) do
+    state = %{state | idle_timer: nil}
+
+    loads =
+      Map.new(Map.keys(state.scaler.launched), fn node ->
+        case Table.node_info(state.tab, node) do
+          nil -> {node, {0, 0}}
+          info -> {node, {info.in_flight, info.runs + info.errors}}
+        end
+      end)
+
+    scaler = Scaler.observe(state.scaler, loads)
+    up = for node <- state.order, up?(state, node), do: node
+    state = %{state | scaler: scaler}
+
+    state =
+      scaler
+      |> Scaler.idle_nodes(up)
+      |> Enum.reduce(state, &probe_idle(&2, &1))
+
+    {:noreply, schedule_idle_check(state)}
+  end
+
+  defp handle_message({:drain_check, node, ref}, state) do
+    cond do
+      not Scaler.draining?(state.scaler, node, {:drain, ref}) ->
+        {:noreply, state}
+
+      Table.load(state.tab, node) |> in_flight() > 0 ->
+        {:noreply, end_drain(state, node, "runs came in")}
+
+      true ->
+        {:noreply, send_request(state, node, :info, {:drain, node, ref})}
+    end
   end
 
   defp handle_message(_message, state), do: {:noreply, state}
@@ -594,7 +836,7 @@ defmodule XlaNode.Pool do
             not Map.has_key?(state.programs, id) ->
               {{:error, Dispatch.freed(id, state.label)}, free_on(state, node, exe)}
 
-            generation(state, node) != gen or not up?(state, node) ->
+            generation(state, node) != gen or not serving?(state, node) ->
               {{:error, Dispatch.not_up(node)}, state}
 
             true ->
@@ -611,6 +853,20 @@ defmodule XlaNode.Pool do
   end
 
   defp handle_response(:free, _response, state), do: state
+
+  # An idle node is asked whether anyone holds anything there before it stops taking runs
+  # (`probe`), and once more, drained, before it stops (`drain`).
+  defp handle_response({step, node, ref}, response, state) when step in [:probe, :drain] do
+    if Scaler.draining?(state.scaler, node, {step, ref}) do
+      case busy(state, node, response) do
+        [] when step == :probe -> begin_drain(state, node)
+        [] -> stop_launched(state, node, :idle)
+        busy -> end_drain(state, node, Enum.join(busy, ", "))
+      end
+    else
+      state
+    end
+  end
 
   defp node_reply({:reply, {:ok, value}}, _node), do: {:ok, value}
   defp node_reply({:reply, {:error, reason}}, _node), do: {:error, Error.from_reason(reason)}
@@ -644,6 +900,15 @@ defmodule XlaNode.Pool do
   # The node is not usable: its executables went with it (or will be unknown to it when it
   # comes back). Tries again after the backoff.
   defp down(state, node, why) do
+    if state.scaler && Scaler.launched?(state.scaler, node) do
+      Logger.warning("XlaNode.Pool #{inspect(state.label)}: #{node}, which it started: #{why}")
+      state |> stop_launched(node, :nodedown) |> ensure_min() |> wake_waiters(node)
+    else
+      down_and_retry(state, node, why)
+    end
+  end
+
+  defp down_and_retry(state, node, why) do
     Table.set_status(state.tab, node, :down)
     Table.delete_executables(state.tab, node)
     {first, max} = state.backoff
@@ -696,7 +961,12 @@ defmodule XlaNode.Pool do
   defp up?(state, nil), do: Enum.any?(state.nodes, fn {node, _} -> up?(state, node) end)
   defp up?(state, node), do: status(state, node) == :up
 
-  # `:connecting`, `:checking`, `:up` or `:down`; nil for a node the pool does not have.
+  # Up, or being drained: it takes no new runs of its own choosing, but the runs pinned to it
+  # (its buffers, `node:`) still run there.
+  defp serving?(state, node), do: status(state, node) in [:up, :stopping]
+
+  # `:connecting`, `:checking`, `:up`, `:stopping` (a node it started, being drained before it
+  # stops) or `:down`; nil for a node the pool does not have.
   defp status(state, node) do
     case Table.load(state.tab, node) do
       {status, _generation, _in_flight} -> status
@@ -712,7 +982,187 @@ defmodule XlaNode.Pool do
   end
 
   defp put_meta(state),
-    do: Table.put_meta(state.tab, state.pool_ref, state.label, state.order, state.max_attempts)
+    do:
+      Table.put_meta(
+        state.tab,
+        state.pool_ref,
+        state.label,
+        state.order,
+        state.max_attempts,
+        state.scaler && state.scaler.max_concurrency
+      )
+
+  defp in_flight({_status, _gen, in_flight}), do: in_flight
+  defp in_flight(nil), do: 0
+
+  # A node joins: in the table, last in the order, connected and checked.
+  defp join(state, node) do
+    Table.put_node(state.tab, node)
+    state = %{state | order: state.order ++ [node]}
+    put_meta(state)
+    connect(state, node)
+  end
+
+  # A node leaves: no new runs go there; its executables are freed when it stays up.
+  defp drop_node(state, node, free?) do
+    case Map.pop(state.nodes, node) do
+      {nil, _} ->
+        state
+
+      {info, nodes} ->
+        cancel_timer(info)
+        state = %{state | nodes: nodes, order: List.delete(state.order, node)}
+        put_meta(state)
+
+        state =
+          if free?,
+            do:
+              state.tab
+              |> Table.executables_on(node)
+              |> Enum.reduce(state, fn {_id, exe}, s -> free_on(s, node, exe) end),
+            else: state
+
+        Table.delete_node(state.tab, node)
+        wake_waiters(state, node)
+    end
+  end
+
+  ## Nodes on demand
+
+  # A caller found no node up (and none joining): start one, unless the last start failed
+  # moments ago, and have the caller wait for it.
+  defp on_demand(state, from) do
+    scaler = state.scaler
+    draining = Enum.find(Map.keys(scaler.launched), &(status(state, &1) == :stopping))
+
+    cond do
+      draining != nil ->
+        {:reply, {:ok, :changed}, end_drain(state, draining, "a call found no other node up")}
+
+      map_size(scaler.launches) > 0 ->
+        {:noreply, %{state | waiters: [{from, nil} | state.waiters]}}
+
+      Scaler.may_launch?(scaler) ->
+        state = launch(state, :demand)
+        {:noreply, %{state | waiters: [{from, nil} | state.waiters]}}
+
+      scaler.last_error != nil and Scaler.backoff_left(scaler) > 0 ->
+        {:reply, {:error, launch_failure(state)}, state}
+
+      true ->
+        {:reply, {:ok, :none}, state}
+    end
+  end
+
+  defp launch_failure(state) do
+    %{scaler: scaler} = state
+
+    error = scaler.last_error
+
+    message =
+      "no node of the pool #{inspect(state.label)} is up, and starting one failed " <>
+        "(#{scaler.failures} in a row; the next attempt in #{Scaler.backoff_left(scaler)} ms): " <>
+        Exception.message(error)
+
+    %Error{kind: :launch_error, message: message, reason: Map.get(error, :reason)}
+  end
+
+  defp launch(state, reason), do: %{state | scaler: Scaler.launch(state.scaler, reason, self())}
+
+  # Starts nodes up to `min`, side by side (none during a backoff: the retry comes).
+  defp ensure_min(%{scaler: nil} = state), do: state
+
+  defp ensure_min(state) do
+    missing = state.scaler.min - Scaler.count(state.scaler)
+
+    cond do
+      missing <= 0 -> state
+      Scaler.backoff_left(state.scaler) > 0 -> schedule_retry(state)
+      true -> Enum.reduce(1..missing, state, fn _, s -> launch(s, :min) end)
+    end
+  end
+
+  # A caller found every device busy: one more node, when none is on its way already.
+  defp scale_up(%{scaler: nil} = state), do: state
+
+  defp scale_up(state) do
+    joining =
+      Enum.any?(Map.keys(state.scaler.launched), &(status(state, &1) in [:connecting, :checking]))
+
+    if map_size(state.scaler.launches) == 0 and not joining and Scaler.may_launch?(state.scaler),
+      do: launch(state, :saturated),
+      else: state
+  end
+
+  defp launch_failed(state, _error) do
+    state = schedule_retry(state)
+    # Callers waiting for that node learn of it (they ask again and get the error).
+    if up?(state, nil), do: state, else: wake_waiters(state, nil)
+  end
+
+  defp schedule_retry(%{retry_timer: nil} = state) do
+    wait = Scaler.backoff_left(state.scaler)
+    %{state | retry_timer: Process.send_after(self(), :launch_retry, max(wait, 1))}
+  end
+
+  defp schedule_retry(state), do: state
+
+  defp schedule_idle_check(%{idle_timer: nil, scaler: %Scaler{} = scaler} = state) do
+    interval = Scaler.idle_check_interval(scaler)
+
+    if interval != nil and map_size(scaler.launched) > scaler.min,
+      do: %{state | idle_timer: Process.send_after(self(), :idle_check, interval)},
+      else: state
+  end
+
+  defp schedule_idle_check(state), do: state
+
+  # What keeps `node` from stopping, from its `:info` answer and the pool's runs in flight:
+  # anyone's buffers, runs running or queued there.
+  defp busy(state, node, {:reply, {:ok, %{} = info}}) do
+    held =
+      for key <- [:buffers, :runs_running, :runs_queued],
+          (n = Map.get(info, key, 0)) > 0,
+          do: "#{key}: #{n}"
+
+    if in_flight(Table.load(state.tab, node)) > 0, do: ["runs in flight" | held], else: held
+  end
+
+  defp busy(_state, _node, _failed), do: [":info failed"]
+
+  defp probe_idle(state, node) do
+    ref = make_ref()
+    state = send_request(state, node, :info, {:probe, node, ref})
+    %{state | scaler: Scaler.drain(state.scaler, node, {:probe, ref})}
+  end
+
+  # A node idle long enough, which holds nothing of anyone's, stops taking runs (:stopping);
+  # after a moment for runs placed just before (they are counted in flight by then), it is
+  # asked again.
+  defp begin_drain(state, node) do
+    Table.set_status(state.tab, node, :stopping)
+
+    if in_flight(Table.load(state.tab, node)) > 0 do
+      end_drain(state, node, "runs came in")
+    else
+      ref = make_ref()
+      Process.send_after(self(), {:drain_check, node, ref}, 200)
+      %{state | scaler: Scaler.drain(state.scaler, node, {:drain, ref})}
+    end
+  end
+
+  defp end_drain(state, node, why) do
+    Logger.debug("XlaNode.Pool #{inspect(state.label)}: #{node} is not idle (#{why}); kept")
+    if status(state, node) == :stopping, do: Table.set_status(state.tab, node, :up)
+    %{state | scaler: Scaler.drain(state.scaler, node, nil)}
+  end
+
+  # Stops a node the pool started, and takes it out of the pool.
+  defp stop_launched(state, node, why) do
+    {handle, scaler} = Scaler.forget(state.scaler, node, why)
+    if handle, do: Scaler.stop_node(scaler, handle)
+    drop_node(%{state | scaler: scaler}, node, false)
+  end
 
   ## Requests to nodes, answered in handle_info
 
@@ -740,7 +1190,8 @@ defmodule XlaNode.Pool do
           executables: Map.get(executables, node, 0),
           devices: Table.device_info(state.tab, node),
           platform: info.platform,
-          last_error: info.last_error
+          last_error: info.last_error,
+          launched: state.scaler && Scaler.node_status(state.scaler, node)
         })
       end
 
@@ -749,6 +1200,11 @@ defmodule XlaNode.Pool do
         {key, nodes |> Enum.map(& &1[key]) |> Enum.sum()}
       end
 
-    Map.merge(totals, %{pool: state.label, programs: map_size(state.programs), nodes: nodes})
+    Map.merge(totals, %{
+      pool: state.label,
+      programs: map_size(state.programs),
+      nodes: nodes,
+      launcher: state.scaler && Scaler.status(state.scaler)
+    })
   end
 end

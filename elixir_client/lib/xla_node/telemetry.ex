@@ -18,6 +18,9 @@ defmodule XlaNode.Telemetry do
   | `[:xla_node, :run, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `error` (`nil` or the `XlaNode.Error`) and `attempts` (how many nodes the run was sent to); through an `XlaNode.Pool`, `node` is the node of the last attempt and `device` the device the pool chose there (`nil` where the run's buffers chose it) |
   | `[:xla_node, :callback, :start]` | `monotonic_time`, `system_time` | `node` (the node whose program called back), `callback_server` (its pid), `callback_id` |
   | `[:xla_node, :callback, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `error` (`nil`, or the `{kind, message}` the program fails with) |
+  | `[:xla_node, :pool, :launch, :start]` | `monotonic_time`, `system_time` | `pool` (its name, or pid), `launcher` (the module), `reason` (`:min`, `:demand`: a call found no node up, `:saturated`: a run found every device busy) |
+  | `[:xla_node, :pool, :launch, :stop]` | `duration`, `monotonic_time` | as `:start`, plus `node` (the node started; `nil` on error) and `error` (`nil` or the `XlaNode.Error` of kind `:launch_error`) |
+  | `[:xla_node, :pool, :node_stop]` | `lifetime` (since the node was up) | `pool`, `launcher`, `node`, `reason` (`:idle`, `:removed`, `:pool_stopped`, `:exited`, `:nodedown`), `detail` (the exit reason of `:exited`) |
   | `[:xla_node, op, :exception]` | `duration`, `monotonic_time` | the `:start` metadata, plus `kind`, `reason`, `stacktrace` |
 
   Every event's metadata also has `telemetry_span_context`, which pairs a `:start` with its
@@ -30,6 +33,14 @@ defmodule XlaNode.Telemetry do
   the node, so `:start` has `node: nil`, and `:stop` has the `node` of the last attempt (`nil` if
   no node could take the run), its `device` and `attempts`, 1 plus one for each time the run was re-sent after
   its node went down (0 if none could take it); a run sent to a node has `attempts: 1`.
+  `[:xla_node, :pool, :launch]` is an `XlaNode.Pool` with a `launcher:` starting a node, in a
+  process the pool starts for it; `[:xla_node, :pool, :node_stop]` is emitted once for each node
+  it started when it stops it or loses it. Counted by `reason`, they are the metrics of a pool's
+  growth: with `Telemetry.Metrics`, `counter("xla_node.pool.launch.stop.duration", tags: [:pool,
+  :reason])` counts the starts, `summary("xla_node.pool.launch.stop.duration", unit:
+  {:native, :millisecond})` times them, and `counter("xla_node.pool.node_stop.lifetime", tags:
+  [:pool, :reason])` counts the stops.
+
   `callback` is an `XlaNode.CallbackServer` running one callback, in the process that
   runs it: a callback that raises, throws or exits ends with `:exception` (the program then fails
   with a `:runtime_error`), one that returns an error with `:stop` and that `error`. Errors the
@@ -46,9 +57,12 @@ defmodule XlaNode.Telemetry do
   """
   @spec events() :: [[atom()]]
   def events do
-    for op <- [:compile, :run, :callback],
-        kind <- [:start, :stop, :exception],
-        do: [:xla_node, op, kind]
+    spans =
+      for op <- [[:compile], [:run], [:callback], [:pool, :launch]],
+          kind <- [:start, :stop, :exception],
+          do: [:xla_node | op] ++ [kind]
+
+    spans ++ [[:xla_node, :pool, :node_stop]]
   end
 
   @doc """
@@ -56,14 +70,26 @@ defmodule XlaNode.Telemetry do
   otherwise. `fun` returns `{result, stop_metadata}`, as for `:telemetry.span/3`; the result is
   returned.
   """
-  @spec span(atom(), map(), (-> {result, map()})) :: result when result: term()
+  @spec span(atom() | [atom()], map(), (-> {result, map()})) :: result when result: term()
   def span(op, metadata, fun) do
     if function_exported?(:telemetry, :span, 3) do
-      :telemetry.span([:xla_node, op], metadata, fun)
+      :telemetry.span([:xla_node | List.wrap(op)], metadata, fun)
     else
       {result, _stop_metadata} = fun.()
       result
     end
+  end
+
+  @doc """
+  Emits the single event `[:xla_node | name]` when `:telemetry` is loaded; does nothing
+  otherwise.
+  """
+  @spec execute([atom()], map(), map()) :: :ok
+  def execute(name, measurements, metadata) do
+    if function_exported?(:telemetry, :execute, 3),
+      do: :telemetry.execute([:xla_node | name], measurements, metadata)
+
+    :ok
   end
 
   @doc """

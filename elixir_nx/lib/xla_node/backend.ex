@@ -159,8 +159,9 @@ defmodule XlaNode.Backend do
     end
 
     case opts[:node] do
+      # The name of an XlaNode.Local stands for its node of the moment.
       node when is_atom(node) and node != nil ->
-        node
+        XlaNode.Local.resolve(node)
 
       pool when is_pid(pool) ->
         pool
@@ -283,7 +284,10 @@ defmodule XlaNode.Backend do
 
   @impl true
   def backend_transfer(%Nx.Tensor{data: %__MODULE__{node: node}} = t, backend, opts) do
-    if backend == __MODULE__ and opts[:node] == node and not Keyword.has_key?(opts, :device_id) do
+    # The name of an XlaNode.Local stands for its node.
+    same_node? = XlaNode.Local.resolve(opts[:node]) == node
+
+    if backend == __MODULE__ and same_node? and not Keyword.has_key?(opts, :device_id) do
       Transfer.hold(t)
     else
       copy = backend_copy(t, backend, opts)

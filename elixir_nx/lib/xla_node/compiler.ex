@@ -207,8 +207,9 @@ defmodule XlaNode.Compiler do
           do: pid,
           else: raise(ArgumentError, "XlaNode.Compiler: #{inspect(pid)} is not an XlaNode.Pool")
 
+      # The name of an XlaNode.Local stands for its node of the moment.
       {:ok, node} ->
-        node
+        XlaNode.Local.resolve(node)
 
       :error ->
         raise ArgumentError, "XlaNode.Compiler needs the compute node: pass node: :\"xla@host\""

@@ -154,6 +154,67 @@ defmodule XlaNode.Harness do
   end
 
   @doc """
+  Starts, once, the loopback OpenSSH server of `scripts/sshd.sh` (installing openssh-server
+  where it is missing) and returns how to reach it: `%{host: "localhost", port:, user:, key:
+  (accepted), other_key: (refused), known_hosts:}`. One test module at a time, as
+  `ensure_kernels!/0`.
+  """
+  def ensure_sshd! do
+    script = Path.join(project_dir(), "../scripts/sshd.sh")
+
+    {out, status} =
+      :global.trans(
+        {:xla_node_sshd, self()},
+        fn -> System.cmd("bash", [script], stderr_to_stdout: true) end,
+        [node()]
+      )
+
+    if status != 0, do: raise("scripts/sshd.sh failed:\n#{out}")
+    dir = Path.expand("../target/sshd", project_dir())
+    {user, 0} = System.cmd("id", ["-un"])
+
+    %{
+      host: "localhost",
+      port: dir |> Path.join("port") |> File.read!() |> String.trim() |> String.to_integer(),
+      user: String.trim(user),
+      key: Path.join(dir, "id_ed25519"),
+      other_key: Path.join(dir, "other_key"),
+      known_hosts: Path.join(dir, "known_hosts")
+    }
+  end
+
+  @doc """
+  Whether OS process `os_pid` runs: it exists and is not a zombie (an exited process whose
+  parent has not reaped it, as the orphans of a killed VM are until init reaps them).
+  """
+  def os_process_alive?(os_pid) do
+    case File.read("/proc/#{os_pid}/stat") do
+      {:ok, stat} ->
+        # "pid (comm) state ...": the state follows the command's closing parenthesis.
+        [_, rest] = String.split(stat, ") ", parts: 2)
+        not String.starts_with?(rest, ["Z", "X"])
+
+      {:error, _} ->
+        false
+    end
+  end
+
+  @doc "OS pids of running `xla_node` processes whose command line names `node`."
+  def xla_node_processes(node) do
+    name = node |> to_string() |> String.split("@") |> hd()
+
+    for "/proc/" <> rest = dir <- Path.wildcard("/proc/[0-9]*"),
+        {:ok, cmdline} <- [File.read(Path.join(dir, "cmdline"))],
+        args = String.split(cmdline, <<0>>, trim: true),
+        match?([_ | _], args),
+        Path.basename(hd(args)) == "xla_node",
+        Enum.any?(args, &(&1 == to_string(node) or &1 == name)),
+        pid = String.to_integer(rest),
+        os_process_alive?(pid),
+        do: pid
+  end
+
+  @doc """
   The test kernel library `scripts/kernels.sh` builds against the headers of FFI `version`
   (`"02"` or `"03"`).
   """

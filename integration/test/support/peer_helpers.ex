@@ -12,6 +12,17 @@ defmodule XlaNode.PeerHelpers do
     :exit, reason -> {:exit, reason}
   end
 
+  @doc """
+  Starts an `XlaNode.Local` with `opts` under a supervisor of its own that outlives the call
+  (unlinked); returns `{node, node's OS pid, this VM's OS pid}`.
+  """
+  def start_local(opts) do
+    {:ok, sup} = Supervisor.start_link([{XlaNode.Local, opts}], strategy: :one_for_one)
+    Process.unlink(sup)
+    [{_, pid, _, _}] = Supervisor.which_children(sup)
+    {XlaNode.Local.node(pid), XlaNode.Local.os_pid(pid), System.pid() |> String.to_integer()}
+  end
+
   @doc "Connects to `node` and pings `:xla`."
   def connect_and_ping(node) do
     {Node.connect(node), call({:xla, node}, :ping)}

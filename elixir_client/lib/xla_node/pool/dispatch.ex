@@ -118,30 +118,73 @@ defmodule XlaNode.Pool.Dispatch do
 
     case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline, want) do
       {:ok, node, gen, device} ->
+        if ctx.max_concurrency, do: note_saturation(ctx)
         # In flight from here: a run waiting for its program to compile on the node counts, so
         # that the runs placed meanwhile do not all pile onto a device that has none in flight
         # yet.
         watch_caller(ctx)
         run = Table.start_run(ctx.tab, node, device)
-
-        case executable(ctx, plan, node, gen) do
-          {:ok, exe} ->
-            send_run(ctx, plan, attempt, tried, {node, device}, exe, run)
-
-          # The node went down while the pool compiled the program there: nothing ran.
-          {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
-            Table.end_run(ctx.tab, run)
-            Table.count(ctx.tab, node, :failures)
-            failover(ctx, plan, attempt, tried, {node, device}, error, false)
-
-          {:error, _} = error ->
-            Table.end_run(ctx.tab, run)
-            {error, %{node: node, device: device, attempts: attempt}}
-        end
+        start_run_on(ctx, plan, attempt, tried, {node, gen, device}, run)
 
       error ->
         {error, %{node: List.first(tried), device: nil, attempts: attempt - 1}}
     end
+  end
+
+  # A pool that stops an idle node marks it :stopping and then reads its runs in flight; the
+  # run, counted in flight, reads the status again: one of the two sees the other, so that a run
+  # the pool placed never goes to a node being stopped (it is placed again instead). A run
+  # pinned there goes: the node stops only once nothing is in flight and nothing held there.
+  defp start_run_on(ctx, plan, attempt, tried, {node, gen, device}, run) do
+    if serving?(Table.load(ctx.tab, node), plan.pin != nil) do
+      run_placed(ctx, plan, attempt, tried, {node, gen, device}, run)
+    else
+      Table.end_run(ctx.tab, run)
+      attempt_run(ctx, plan, attempt, tried)
+    end
+  end
+
+  defp run_placed(ctx, plan, attempt, tried, {node, gen, device}, run) do
+    case executable(ctx, plan, node, gen) do
+      {:ok, exe} ->
+        send_run(ctx, plan, attempt, tried, {node, device}, exe, run)
+
+      # The node went down while the pool compiled the program there: nothing ran.
+      {:error, %Error{kind: kind} = error} when kind in [:nodedown, :noproc] ->
+        Table.end_run(ctx.tab, run)
+        Table.count(ctx.tab, node, :failures)
+        failover(ctx, plan, attempt, tried, {node, device}, error, false)
+
+      {:error, _} = error ->
+        Table.end_run(ctx.tab, run)
+        {error, %{node: node, device: device, attempts: attempt}}
+    end
+  end
+
+  # Whether a node whose load is `load` takes a run: up, or, for a pinned run, being drained.
+  defp serving?({:up, _, _}, _pinned), do: true
+  defp serving?({:stopping, _, _}, pinned), do: pinned
+  defp serving?(_load, _pinned), do: false
+
+  # Tells a pool that starts nodes that this run found every device of every node up with
+  # `max_concurrency` runs in flight or more (once, until the pool has read it).
+  defp note_saturation(ctx) do
+    busy =
+      Enum.all?(Table.nodes(ctx.tab, ctx.nodes), fn node ->
+        case Table.load(ctx.tab, node) do
+          {:up, _gen, in_flight} ->
+            case Table.device_loads(ctx.tab, node) do
+              [] -> in_flight >= ctx.max_concurrency
+              loads -> Enum.all?(loads, fn {_device, load} -> load >= ctx.max_concurrency end)
+            end
+
+          _not_up ->
+            true
+        end
+      end)
+
+    if busy and Table.note_saturated(ctx.tab), do: send(ctx.pid, :saturated)
+    :ok
   end
 
   defp send_run(ctx, plan, attempt, tried, {node, device} = where, exe, run) do
@@ -415,6 +458,8 @@ defmodule XlaNode.Pool.Dispatch do
       {:error, _} = error when tried == [] ->
         case pool_call(ctx, {:await_join, pin && elem(pin, 0)}, remaining(deadline)) do
           {:ok, :changed} -> place(ctx, id, pin, tried, deadline, want)
+          # A pool that starts its nodes could not start one.
+          {:error, %Error{kind: :launch_error}} = launch_error -> launch_error
           _ -> error
         end
 
@@ -425,7 +470,7 @@ defmodule XlaNode.Pool.Dispatch do
 
   defp choose(ctx, id, {node, why}, _tried, want) do
     case Table.load(ctx.tab, node) do
-      {:up, gen, in_flight} ->
+      {status, gen, in_flight} when status in [:up, :stopping] ->
         device =
           case {want, why} do
             {:any_device, {:buffer, _, _}} ->
@@ -582,7 +627,7 @@ defmodule XlaNode.Pool.Dispatch do
            "#{inspect(ref)} is on #{node}, which is not a node of the pool #{inspect(ctx.label)}"
          )}
 
-      not match?({:up, _, _}, Table.load(ctx.tab, node)) ->
+      not serving?(Table.load(ctx.tab, node), true) ->
         {:error,
          Error.nodedown(node, "#{inspect(ref)} was on #{node}, which is down: it is lost")}
 

@@ -8,7 +8,11 @@ defmodule XlaNode.Pool.Table do
   #
   # Rows (an ordered set, so that the runs of one caller are one range):
   #
-  #   {:meta, pool_ref, pool_pid, label, nodes, max_attempts}
+  #   {:meta, pool_ref, pool_pid, label, nodes, max_attempts, max_concurrency}
+  #                                        max_concurrency: nil, or (a pool with a launcher)
+  #                                        the runs in flight on a device at which it is busy
+  #   {:saturated}                         a caller found every device busy and told the pool
+  #                                        (present until the pool has read it: one message)
   #   {{:node, node}, status, generation, in_flight, runs, errors, failures, retries, recent_us}
   #   {{:device_names, node}, names}      the devices `:info` lists, in index order
   #   {{:devices, node}, in_flight_0, runs_0, in_flight_1, runs_1, ...}
@@ -70,12 +74,13 @@ defmodule XlaNode.Pool.Table do
 
   ## The pool as a whole
 
-  def put_meta(tab, pool_ref, label, nodes, max_attempts),
-    do: :ets.insert(tab, {:meta, pool_ref, self(), label, nodes, max_attempts})
+  def put_meta(tab, pool_ref, label, nodes, max_attempts, max_concurrency),
+    do: :ets.insert(tab, {:meta, pool_ref, self(), label, nodes, max_attempts, max_concurrency})
 
   @doc "What a caller needs of the pool; nil when the table is gone (the pool stopped)."
   def context(tab) do
-    [{:meta, pool_ref, pid, label, nodes, max_attempts}] = :ets.lookup(tab, :meta)
+    [{:meta, pool_ref, pid, label, nodes, max_attempts, max_concurrency}] =
+      :ets.lookup(tab, :meta)
 
     %{
       tab: tab,
@@ -83,7 +88,8 @@ defmodule XlaNode.Pool.Table do
       pid: pid,
       label: label,
       nodes: nodes,
-      max_attempts: max_attempts
+      max_attempts: max_attempts,
+      max_concurrency: max_concurrency
     }
   rescue
     ArgumentError -> nil
@@ -92,12 +98,25 @@ defmodule XlaNode.Pool.Table do
   @doc "The pool's nodes now (nodes may be added while a run fails over)."
   def nodes(tab, default) do
     case :ets.lookup(tab, :meta) do
-      [{:meta, _, _, _, nodes, _}] -> nodes
+      [{:meta, _, _, _, nodes, _, _}] -> nodes
       [] -> default
     end
   rescue
     ArgumentError -> default
   end
+
+  @doc """
+  Notes that a caller found every device busy; true when no such note was pending, that is
+  when the caller should tell the pool (once, until the pool has read it).
+  """
+  def note_saturated(tab) do
+    :ets.insert_new(tab, {:saturated})
+  rescue
+    ArgumentError -> false
+  end
+
+  @doc "Clears the note of `note_saturated/1` (the pool, once it has read it)."
+  def clear_saturated(tab), do: :ets.delete(tab, :saturated)
 
   ## Nodes
 
