@@ -77,7 +77,7 @@ IO.puts(
   "## lifetime (XlaNode.Keeper), #{:erlang.system_info(:otp_release)} / #{System.version()}"
 )
 
-# The baseline: x + 1 on a buffer, its result kept; caller-held, freed in one cast per round.
+# The baseline: x + 1 on a buffer, its result kept on the node, held by this process.
 mlir = """
 func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
   %one = stablehlo.constant dense<1.0> : tensor<4xf32>
@@ -184,8 +184,8 @@ sweeps =
     times = for _ <- 1..7, do: elem(B.cpu_us(fn -> Keeper.sweep() end), 0)
     sweep = B.median(times)
     per_live = sweep / live
-    # A sweep runs at most once per max(1024, live) tokens tracked, or on a timer at least 50 of
-    # its own durations apart.
+    # A sweep comes once as many tokens were tracked as the last one left (at least 1,024), or
+    # on a timer at least 50 of its own durations apart.
     per_made = sweep / max(1024, live)
 
     IO.puts(

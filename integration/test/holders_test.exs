@@ -9,15 +9,7 @@ defmodule XlaNode.HoldersTest do
   """
   use ExUnit.Case, async: false
 
-  alias XlaNode.{Harness, Tensor}
-
-  @add_one """
-  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-    %one = stablehlo.constant dense<1.0> : tensor<4xf32>
-    %r = stablehlo.add %x, %one : tensor<4xf32>
-    return %r : tensor<4xf32>
-  }
-  """
+  alias XlaNode.{Harness, Load, Tensor}
 
   setup_all do
     Harness.start_shared_node()
@@ -62,7 +54,7 @@ defmodule XlaNode.HoldersTest do
        %{node: node} do
     n0 = buffers(node)
     owner = holder()
-    {:ok, exe} = call(node, {:compile, @add_one})
+    {:ok, exe} = call(node, {:compile, Load.plus_one_program()})
 
     # Made by processes that exit at once: the owner holds them.
     {placed, uploaded, [kept]} =
@@ -102,7 +94,7 @@ defmodule XlaNode.HoldersTest do
   end
 
   test "bad owner: values are argument errors that name the option", %{node: node} do
-    {:ok, exe} = call(node, {:compile, @add_one})
+    {:ok, exe} = call(node, {:compile, Load.plus_one_program()})
 
     for request <- [
           {:to_device, f32([1.0]), [owner: :keeper]},
