@@ -319,7 +319,7 @@ defmodule XlaNode do
   def read!(server, buffer, opts \\ []), do: bang(read(server, buffer, opts))
 
   @doc """
-  Frees an executable or a buffer now instead of when its owner exits.
+  Frees an executable or a buffer now, whoever holds it, instead of when its last holder exits.
 
   Options: `:timeout` (default `60_000`).
 
@@ -396,9 +396,9 @@ defmodule XlaNode do
   end
 
   @doc """
-  Hands this process's hold on a buffer or an executable (or a list of them) to the process
-  `pid`, as `:ets.give_away/3` hands a table: the node then frees it when `pid` exits, not
-  when this process does. Every one is handed over, or none: `{:error, %XlaNode.Error{kind:
+  Hands one of this process's holds on a buffer or an executable (or on each of a list of
+  them) to the process `pid`, as `:ets.give_away/3` hands a table: the node then frees it when
+  `pid` exits (or releases it), not when this process does. Every one is handed over, or none: `{:error, %XlaNode.Error{kind:
   :argument_error}}` names the first that this process does not hold (or that names nothing).
   Through an `XlaNode.Pool`, each node's buffers go to their node (the references name it).
 
@@ -420,10 +420,11 @@ defmodule XlaNode do
   def give_away!(server, refs, pid, opts \\ []), do: ok!(give_away(server, refs, pid, opts))
 
   @doc """
-  Makes the process `pid` a holder of a buffer or an executable (or a list of them) too:
-  the node frees it once every holder has exited or released it (or `free/3` frees it at
-  once). Every one is shared, or none (`:argument_error` naming the first reference that
-  names nothing). Options: `:timeout` (default `60_000`).
+  Gives the process `pid` one more hold on a buffer or an executable (or on each of a list of
+  them): the node frees it once no hold is left, every holder having exited or released its
+  holds (or at once with `free/3`). Holds are counted, as references are: `pid` holds it twice
+  after two shares. Every one is shared, or none (`:argument_error` naming the first reference
+  that names nothing). Options: `:timeout` (default `60_000`).
 
       :ok = XlaNode.share(:"xla@host", [w, b], worker)
   """
@@ -438,9 +439,10 @@ defmodule XlaNode do
   def share!(server, refs, pid, opts \\ []), do: ok!(share(server, refs, pid, opts))
 
   @doc """
-  Ends this process's hold on a buffer or an executable (or a list of them): the node frees
-  one when no other process holds it. Every hold ends, or none (`:argument_error` naming the
-  first reference this process does not hold). Options: `:timeout` (default `60_000`).
+  Ends one of this process's holds on a buffer or an executable (or on each of a list of
+  them): the node frees one when no hold on it is left. Every hold ends, or none
+  (`:argument_error` naming the first reference this process does not hold). Options:
+  `:timeout` (default `60_000`).
 
       :ok = XlaNode.share(:"xla@host", buf, worker)
       :ok = XlaNode.release(:"xla@host", buf)     # worker's hold keeps it
