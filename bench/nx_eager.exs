@@ -5,7 +5,8 @@
 #   * a cached operation, interleaved with a GenServer.call to a BEAM node (:peer) and with the
 #     node's own :ping, in rounds, so that machine noise hits all alike;
 #   * 100,000 eager operations in one long-lived process, in scopes of 1,000: their time and
-#     the node's buffer count before and after.
+#     the node's buffer count before and after; and the same without scopes, what the process
+#     drops going with its garbage (XlaNode.Keeper): the most buffers beyond those before.
 #
 # Runs inside the elixir_nx Mix project, which needs Nx (NX_PATH) and Elixir >= 1.17:
 #   cd elixir_nx && elixir --sname NAME --cookie COOKIE -S mix run ../bench/nx_eager.exs XLA_NODE_SNAME
@@ -106,6 +107,24 @@ before = B.buffers(xla)
 after_ops = B.buffers(xla)
 Nx.backend_deallocate(x)
 
+# The same without scopes or frees: what this process drops goes with its garbage (XlaNode.Keeper).
+# The node's buffers, counted every 1,000 operations: the most beyond those before.
+XlaNode.Keeper.sweep()
+before_free = B.buffers(xla)
+
+{free_us, {x, peak}} =
+  :timer.tc(fn ->
+    Enum.reduce(1..100, {Nx.broadcast(0.0, {16}), 0}, fn _, {x, peak} ->
+      x = Enum.reduce(1..500, x, fn i, acc -> acc |> Nx.add(i) |> Nx.multiply(0.5) end)
+      {x, max(peak, B.buffers(xla))}
+    end)
+  end)
+
+:erlang.garbage_collect()
+XlaNode.Keeper.sweep()
+after_free = B.buffers(xla)
+_ = x
+
 IO.puts("""
 
 ## Nx eager operations on XlaNode.Backend (each a request to the node)
@@ -116,5 +135,6 @@ IO.puts("""
     GenServer.call to a BEAM node (:peer), :ping: #{B.us(beam_us)}
     the node's own :ping: #{B.us(ping_us)}
     ratio Nx.add / BEAM GenServer.call: #{B.ratio(add_us, beam_us)}; Nx.add / the node's :ping: #{B.ratio(add_us, ping_us)}
-  100,000 eager operations (Nx.add, Nx.multiply) in one process, in 100 scopes of 1,000: #{:erlang.float_to_binary(ops_us / 1_000_000, decimals: 1)} s (#{B.us(ops_us / 100_000)} per operation); node buffers before #{before}, after #{after_ops}\
+  100,000 eager operations (Nx.add, Nx.multiply) in one process, in 100 scopes of 1,000: #{:erlang.float_to_binary(ops_us / 1_000_000, decimals: 1)} s (#{B.us(ops_us / 100_000)} per operation); node buffers before #{before}, after #{after_ops}
+  the same without scopes, what the process drops going with its garbage: #{:erlang.float_to_binary(free_us / 1_000_000, decimals: 1)} s (#{B.us(free_us / 100_000)} per operation); node buffers before #{before_free}, #{peak - before_free} more at the most, after (its garbage collected, a sweep) #{after_free}\
 """)

@@ -17,6 +17,8 @@
 #                           # jit on one device and shard_jit over every device against JAX's
 #                           # jit on one and with NamedSharding over as many CPU devices
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
+#   bench/run.sh lifetime   # only: what a tensor's lifetime (XlaNode.Keeper) costs, per tensor made
+#                           # and per sweep, against an eager operation's request
 #   bench/run.sh ondemand   # only: XlaNode.Pool with launcher: (min 0, max 3) against a fixed pool
 #                           # of three nodes under the same load: first call on an empty pool,
 #                           # throughput growing from no node and grown
@@ -130,6 +132,11 @@ if [ "$part" = all ] || [ "$part" = pool ]; then
     # project, for XlaNode.Pool.
     (cd elixir_client && elixir --sname "bench_pool_$$" --cookie "$cookie" -S mix run ../bench/pool.exs \
         "$bin" "$cookie" </dev/null)
+fi
+if [ "$part" = all ] || [ "$part" = lifetime ]; then
+    # In the client's Mix project, for XlaNode.Keeper.
+    (cd elixir_client && elixir --sname "bench_lifetime_$$" --cookie "$cookie" -S mix run ../bench/lifetime.exs \
+        "$name" </dev/null)
 fi
 if [ "$part" = all ] || [ "$part" = ondemand ]; then
     # Its nodes are started by XlaNode.Local and the pool's launcher, from this binary.

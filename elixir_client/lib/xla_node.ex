@@ -37,8 +37,14 @@ defmodule XlaNode do
   A tensor is `{binary, {type, dims}}`: `type` is an Nx type such as `{:f, 32}` or `{:u, 4}`,
   `dims` a list, `binary` the row-major little-endian data as `Nx.to_binary/1` gives it (a
   bitstring for 2- and 4-bit types). `XlaNode.Tensor` builds and reads them.
-  Executables and device buffers are references owned by the process that created them: the
-  node frees them when it exits, or explicitly with `free/3`.
+
+  Executables and device buffers are references held by the process that created them (or by
+  the `:owner` that `run/4` and `to_device/3` name): the node frees them when their last holder
+  exits (or its node disconnects), or at once with `free/3` and `free_all/1`, whoever holds
+  them. Knowing a reference is enough to use it, from any process; to keep it alive past its
+  maker, hand the hold over with `give_away/4` (as `:ets.give_away/3` hands a table), add a
+  holder with `share/4`, and end one with `release/3`. `XlaNode.Keeper` holds buffers while any
+  process holds their tokens instead, as `XlaNode.Backend` does for every Nx tensor.
 
   ## Options
 
@@ -71,7 +77,8 @@ defmodule XlaNode do
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
     timeout: :timeout,
-    telemetry_metadata: :map
+    telemetry_metadata: :map,
+    owner: :pid
   ]
 
   # What a run through an XlaNode.Pool takes besides.
@@ -194,6 +201,9 @@ defmodule XlaNode do
       `:infinity`)
     * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
       (see `XlaNode.Telemetry`)
+    * `:owner` - the process that holds the results kept on the device (default: the caller);
+      they are freed when it exits. `XlaNode.Keeper.owner/0` is the process that keeps buffers
+      while their tokens are held
 
   With an `XlaNode.Pool` (see its documentation), also:
 
@@ -256,7 +266,8 @@ defmodule XlaNode do
   in chunks, each its own message (see `XlaNode.Transfer`). Options: `:timeout` (default
   `60_000`, for each of its calls); `:device`, the device the buffer lives on, an index into
   `info/2`'s `devices` (default 0; through an `XlaNode.Pool`, the least loaded device of the
-  node it chooses): a run with it runs there.
+  node it chooses): a run with it runs there; `:owner`, the process that holds the buffer
+  (default: the caller).
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
@@ -266,13 +277,14 @@ defmodule XlaNode do
     opts =
       Options.validate!(opts, "XlaNode.to_device/3",
         timeout: :timeout,
-        device: :non_neg_integer
+        device: :non_neg_integer,
+        owner: :pid
       )
 
     request =
-      case Keyword.fetch(opts, :device) do
-        {:ok, device} -> {:to_device, tensor, [device: device]}
-        :error -> {:to_device, tensor}
+      case Keyword.take(opts, [:device, :owner]) do
+        [] -> {:to_device, tensor}
+        placement -> {:to_device, tensor, placement}
       end
 
     call(server, request, Keyword.get(opts, :timeout, @default_timeout))
@@ -307,7 +319,7 @@ defmodule XlaNode do
   def read!(server, buffer, opts \\ []), do: bang(read(server, buffer, opts))
 
   @doc """
-  Frees an executable or a buffer now instead of when its owner exits.
+  Frees an executable or a buffer now, whoever holds it, instead of when its last holder exits.
 
   Options: `:timeout` (default `60_000`).
 
@@ -317,8 +329,12 @@ defmodule XlaNode do
   @spec free(server(), executable() | buffer(), keyword()) :: :ok | error()
   def free(server, ref, opts \\ []) do
     case call(server, {:free, ref}, timeout!(opts, "XlaNode.free/3")) do
-      {:ok, :ok} -> :ok
-      {:error, _} = error -> error
+      {:ok, :ok} ->
+        if is_reference(ref), do: XlaNode.Keeper.freed([ref])
+        :ok
+
+      {:error, _} = error ->
+        error
     end
   end
 
@@ -378,6 +394,89 @@ defmodule XlaNode do
       {:error, error} -> raise error
     end
   end
+
+  @doc """
+  Hands one of this process's holds on a buffer or an executable (or on each of a list of
+  them) to the process `pid`, as `:ets.give_away/3` hands a table: the node then frees it when
+  `pid` exits (or releases it), not when this process does. Every one is handed over, or none: `{:error, %XlaNode.Error{kind:
+  :argument_error}}` names the first that this process does not hold (or that names nothing).
+  Through an `XlaNode.Pool`, each node's buffers go to their node (the references name it).
+
+  Options: `:timeout` (default `60_000`).
+
+      {:ok, buf} = XlaNode.to_device(:"xla@host", tensor)
+      worker = spawn(fn -> receive do {:buffer, buf} -> use(buf) end end)
+      :ok = XlaNode.give_away(:"xla@host", buf, worker)
+      send(worker, {:buffer, buf})
+  """
+  @spec give_away(server(), reference() | [reference()], pid(), keyword()) :: :ok | error()
+  def give_away(server, refs, pid, opts \\ []) when is_pid(pid),
+    do: hold_request(server, {:give_away, refs!(refs, "give_away/4"), pid}, opts, "give_away/4")
+
+  @doc """
+  Like `give_away/4` but returns `:ok` or raises `XlaNode.Error`.
+  """
+  @spec give_away!(server(), reference() | [reference()], pid(), keyword()) :: :ok
+  def give_away!(server, refs, pid, opts \\ []), do: ok!(give_away(server, refs, pid, opts))
+
+  @doc """
+  Gives the process `pid` one more hold on a buffer or an executable (or on each of a list of
+  them): the node frees it once no hold is left, every holder having exited or released its
+  holds (or at once with `free/3`). Holds are counted, as references are: `pid` holds it twice
+  after two shares. Every one is shared, or none (`:argument_error` naming the first reference
+  that names nothing). Options: `:timeout` (default `60_000`).
+
+      :ok = XlaNode.share(:"xla@host", [w, b], worker)
+  """
+  @spec share(server(), reference() | [reference()], pid(), keyword()) :: :ok | error()
+  def share(server, refs, pid, opts \\ []) when is_pid(pid),
+    do: hold_request(server, {:share, refs!(refs, "share/4"), pid}, opts, "share/4")
+
+  @doc """
+  Like `share/4` but returns `:ok` or raises `XlaNode.Error`.
+  """
+  @spec share!(server(), reference() | [reference()], pid(), keyword()) :: :ok
+  def share!(server, refs, pid, opts \\ []), do: ok!(share(server, refs, pid, opts))
+
+  @doc """
+  Ends one of this process's holds on a buffer or an executable (or on each of a list of
+  them): the node frees one when no hold on it is left. Every hold ends, or none
+  (`:argument_error` naming the first reference this process does not hold). Options:
+  `:timeout` (default `60_000`).
+
+      :ok = XlaNode.share(:"xla@host", buf, worker)
+      :ok = XlaNode.release(:"xla@host", buf)     # worker's hold keeps it
+  """
+  @spec release(server(), reference() | [reference()], keyword()) :: :ok | error()
+  def release(server, refs, opts \\ []),
+    do: hold_request(server, {:release, refs!(refs, "release/3")}, opts, "release/3")
+
+  @doc """
+  Like `release/3` but returns `:ok` or raises `XlaNode.Error`.
+  """
+  @spec release!(server(), reference() | [reference()], keyword()) :: :ok
+  def release!(server, refs, opts \\ []), do: ok!(release(server, refs, opts))
+
+  defp refs!(refs, function) do
+    for ref <- List.wrap(refs), not is_reference(ref) do
+      raise ArgumentError,
+            "XlaNode.#{function} takes the references of a node's executables and buffers, " <>
+              "got: #{inspect(ref)}"
+    end
+
+    refs
+  end
+
+  defp hold_request(server, request, opts, function) do
+    case call(server, request, timeout!(opts, "XlaNode." <> function)) do
+      {:ok, :ok} -> :ok
+      {:ok, other} -> {:error, Error.from_reason(other)}
+      {:error, _} = error -> error
+    end
+  end
+
+  defp ok!(:ok), do: :ok
+  defp ok!({:error, error}), do: raise(error)
 
   @doc """
   Checks that the node answers: `:pong`, or `{:error, %XlaNode.Error{}}`.

@@ -93,7 +93,7 @@ defmodule XlaNode.BackendTrainingTest do
     Application.put_env(:nx, :default_backend, {XlaNode.Backend, node: xla()})
     Application.put_env(:nx, :default_defn_options, compiler: XlaNode.Compiler, node: xla())
 
-    # Its batches run in tasks that exit after replying, taking their buffers with them.
+    # It returns its results to the caller (keep_on_device is not the default in a serving).
     serving = Nx.Serving.jit(&Nx.multiply(&1, 3)) |> Nx.Serving.batch_size(2)
     start_supervised!({Nx.Serving, serving: serving, name: __MODULE__.Serving, batch_timeout: 10})
     result = Nx.Serving.batched_run(__MODULE__.Serving, Nx.Batch.stack([Nx.tensor([1.0, 2.0])]))

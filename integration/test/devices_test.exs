@@ -164,7 +164,7 @@ defmodule XlaNode.DevicesTest do
 
     assert {:error, {:argument_error, message}} = call(node, {:to_device, f32([1.0]), [place: 1]})
 
-    assert message =~ "unknown option place (supported: device)"
+    assert message =~ "unknown option place (supported: device, owner)"
     assert :pong = call(node, :ping)
   end
 

@@ -351,6 +351,48 @@ defmodule XlaNode.ReadmeRequestsTest do
     assert m =~ "unknown or freed reference"
   end
 
+  test "owner: on {:to_device, ...}, {:upload, ...} and {:run, ...}; {:share, refs, pid}, {:give_away, refs, pid}, {:release, refs} and {:release, refs, pid}",
+       %{node: node} do
+    holder = fn -> spawn(fn -> receive do: (:stop -> :ok) end) end
+    {owner, other} = {holder.(), holder.()}
+    exe = compile!(node, @add_one)
+    {:ok, %{buffers: n0}} = call(node, :info)
+
+    # Made for `owner` by a process that is gone at once.
+    [placed, uploaded, kept] =
+      fn ->
+        {:ok, placed} =
+          call(node, {:to_device, f32([1.0, 2.0, 3.0, 4.0]), [device: 1, owner: owner]})
+
+        {:ok, upload} = call(node, {:upload, {{:f, 32}, [4]}, [device: 1, owner: owner]})
+        GenServer.cast({:xla, node.name}, {:upload, upload, elem(f32([0.0, 0.0, 0.0, 0.0]), 0)})
+        {:ok, uploaded} = call(node, {:upload_done, upload})
+        {:ok, [kept]} = call(node, {:run, exe, [placed], [keep_on_device: true, owner: owner]})
+        [placed, uploaded, kept]
+      end
+      |> Task.async()
+      |> Task.await()
+
+    assert {:ok, {bin, @f32x4}} = call(node, {:read, kept})
+    assert to_f32(bin) == [2.0, 3.0, 4.0, 5.0]
+
+    # This process holds one more: shared, then given away, then released.
+    assert call(node, {:share, [placed, uploaded], self()}) == :ok
+    GenServer.cast({:xla, node.name}, {:share, kept, self()})
+    assert call(node, {:give_away, kept, other}) == :ok
+    assert call(node, {:release, [placed, uploaded]}) == :ok
+    assert {:error, {:argument_error, m}} = call(node, {:release, kept})
+    assert m =~ "is not held by"
+
+    # Owner's holds end with it; other's hold on `kept` stays until released.
+    send(owner, :stop)
+    assert Harness.eventually(fn -> elem(call(node, :info), 1).buffers == n0 + 1 end)
+    assert call(node, {:release, kept, other}) == :ok
+    assert {:ok, %{buffers: ^n0}} = call(node, :info)
+    GenServer.cast({:xla, node.name}, {:release, [kept], other})
+    send(other, :stop)
+  end
+
   # Native kernels are host (CPU) handlers.
   @tag :cpu_only
   test "{:load_kernel, target, path, symbol}: loads, again :ok, and programs call it", %{

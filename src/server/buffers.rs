@@ -1,5 +1,6 @@
-//! `{:to_device, tensor}` (or `{:to_device, tensor, [device: n]}`), `{:read, buffer}` and `{:free, exe_or_buffer}` (or a list of them):
-//! device buffers the caller owns, and freeing what it owns.
+//! `{:to_device, tensor}` (or `{:to_device, tensor, [device: n, owner: pid]}`), `{:read, buffer}`
+//! and `{:free, exe_or_buffer}` (or a list of them): device buffers the caller (or `owner:`)
+//! holds, and freeing them whoever holds them.
 //!
 //! Copies to and from the device call XLA, so they run on an executor thread, which replies.
 //! A copy to the device first reserves its bytes under `--max-device-bytes` (`device_budget.rs`).
@@ -35,13 +36,15 @@ impl ToDeviceRequest {
 
     /// Copies the tensor to its device on an executor thread, which replies `{:ok, buffer}`.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
-        let device = match parse::placement_options(self.options, state.client().device_count()) {
-            Ok(device) => device,
+        let placement = match parse::placement_options(self.options, state.client().device_count())
+        {
+            Ok(placement) => placement,
             Err(e) => return state.reply_error(&from, &e),
         };
         state.spawn(move |state| {
+            let owner = placement.owner.as_ref().unwrap_or(&from.pid);
             let uploaded = state
-                .upload(&self.tensor, device, &from.pid)
+                .upload(&self.tensor, placement.device, owner)
                 .map(Term::from);
             state.reply_result(&from, uploaded);
         });

@@ -9,9 +9,9 @@
 //! that it holds).
 //!
 //! Files: `state` (what the server holds), `request` (the requests as a type, and which file
-//! answers each), one file per request family (`compile`, `describe`, `run`, `buffers`, `load_kernel`,
-//! `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
-//! (reading requests, error replies), `resources` (executables and buffers and their owners),
+//! answers each), one file per request family (`compile`, `describe`, `run`, `buffers`, `holders`,
+//! `load_kernel`, `info`, `echo`), `metrics` (the same figures for `--metrics-addr`), `parse` and `error`
+//! (reading requests, error replies), `resources` (executables and buffers and their holders),
 //! `device_budget` (`--max-device-bytes`), `watchdog`, `kernels` (the operator's kernel
 //! settings), `plugin` (finding the PJRT plugin), `net_kernel`.
 
@@ -21,6 +21,7 @@ mod describe;
 mod device_budget;
 mod echo;
 mod error;
+mod holders;
 mod info;
 pub mod kernels;
 mod load_kernel;
@@ -177,7 +178,7 @@ async fn serve(mut process: Process, state: Arc<State>) {
             Signal::Exit { from, reason, .. } => {
                 tracing::debug!("xla: exit signal from {from}: {reason}")
             }
-            // An owner of executables or buffers died or disconnected.
+            // A holder of executables or buffers died or disconnected.
             Signal::Down {
                 reference,
                 object,

@@ -8,7 +8,7 @@ use super::error::RequestError;
 use crate::node::term::{as_atom, as_i64, as_list, as_tuple};
 use crate::tensor_term::parse_tensor;
 use crate::xla::HostTensor;
-use eetf::{Reference, Term};
+use eetf::{Pid, Reference, Term};
 use std::time::Duration;
 
 /// The elements of a request tuple after its tag, whose count [`super::request::Request::parse`]
@@ -103,23 +103,44 @@ pub fn device(key: &str, value: &Term, device_count: usize) -> Result<usize, Req
     }
 }
 
-/// The options of `{:to_device, tensor, opts}` and `{:upload, shape, opts}`: the device the
-/// tensor goes to (0 unless `device:` says otherwise).
-pub fn placement_options(opts: Option<Term>, device_count: usize) -> Result<usize, RequestError> {
-    let mut placed = 0;
+/// Where a tensor placed on the device goes, and who holds its buffer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// An index into `:info`'s `devices` (0 unless `device:` says otherwise).
+    pub device: usize,
+    /// `owner: pid`: the process that holds the buffer; `None`: the caller.
+    pub owner: Option<Pid>,
+}
+
+/// The options of `{:to_device, tensor, opts}` and `{:upload, shape, opts}`: `device:` and
+/// `owner:`.
+pub fn placement_options(
+    opts: Option<Term>,
+    device_count: usize,
+) -> Result<Placement, RequestError> {
+    let mut placement = Placement::default();
     if let Some(opts) = opts {
         for (key, value) in keywords(&opts)? {
             match key.as_str() {
-                "device" => placed = device(&key, &value, device_count)?,
+                "device" => placement.device = device(&key, &value, device_count)?,
+                "owner" => placement.owner = Some(owner(&value)?),
                 other => {
                     return Err(argument(format!(
-                        "unknown option {other} (supported: device)"
+                        "unknown option {other} (supported: device, owner)"
                     )))
                 }
             }
         }
     }
-    Ok(placed)
+    Ok(placement)
+}
+
+/// Option `owner:`'s value: the pid of the process that is to hold what the request makes.
+pub fn owner(value: &Term) -> Result<Pid, RequestError> {
+    match value {
+        Term::Pid(pid) => Ok(pid.clone()),
+        other => Err(argument(format!("owner must be a pid, got {other}"))),
+    }
 }
 
 /// Which timeouts in milliseconds an option takes.

@@ -11,9 +11,11 @@
 //! | `{:run, exe, args}`, `{:run, exe, args, opts}` | `run.rs` |
 //! | `{:to_device, tensor}`, `{:to_device, tensor, opts}`, `{:read, buffer}`, `{:read, buffer, opts}`, `{:free, exe_or_buffer}`, `{:free, [refs]}` | `buffers.rs` |
 //! | `{:upload, {type, dims}}`, `{:upload, {type, dims}, opts}`, `{:upload, upload, chunk}`, `{:upload_done, upload}` | `transfer.rs` |
-//!
-//! `GenServer.cast` reaches [`Request::apply_cast`], which serves frees and upload chunks.
+//! | `{:share, refs, pid}`, `{:give_away, refs, pid}`, `{:release, refs}`, `{:release, refs, pid}` | `holders.rs` |
 //! | `{:load_kernel, target, path, symbol}`, `{:load_kernel, target, path, symbol, opts}` | `load_kernel.rs` |
+//!
+//! `GenServer.cast` reaches [`Request::apply_cast`], which serves frees, upload chunks, shares
+//! and releases that name their holder.
 //!
 //! Adding a request means a variant here, its forms in [`Request::parse`], and its family's
 //! parse and apply.
@@ -23,6 +25,7 @@ use super::compile::CompileRequest;
 use super::describe::DescribeRequest;
 use super::echo;
 use super::error::RequestError;
+use super::holders::HoldRequest;
 use super::info;
 use super::load_kernel::LoadKernelRequest;
 use super::parse::Elements;
@@ -63,6 +66,9 @@ pub enum Request {
     UploadChunk(UploadChunkRequest),
     /// `{:upload_done, upload}`.
     UploadDone(UploadDoneRequest),
+    /// `{:share, refs, pid}`, `{:give_away, refs, pid}`, `{:release, refs}` / `{:release, refs,
+    /// pid}`.
+    Hold(HoldRequest),
     /// `{:load_kernel, target, path, symbol}` / `{:load_kernel, target, path, symbol, opts}`.
     LoadKernel(LoadKernelRequest),
 }
@@ -101,6 +107,9 @@ impl Request {
             ("upload", 3) => Some(|e| UploadRequest::parse(e).map(Request::Upload)),
             ("upload_done", 2) => Some(|e| UploadDoneRequest::parse(e).map(Request::UploadDone)),
             ("free", 2) => Some(|e| FreeRequest::parse(e).map(Request::Free)),
+            ("share", 3) => Some(|e| HoldRequest::parse_share(e).map(Request::Hold)),
+            ("give_away", 3) => Some(|e| HoldRequest::parse_give_away(e).map(Request::Hold)),
+            ("release", 2 | 3) => Some(|e| HoldRequest::parse_release(e).map(Request::Hold)),
             ("load_kernel", 4 | 5) => {
                 Some(|e| LoadKernelRequest::parse(e).map(Request::LoadKernel))
             }
@@ -112,14 +121,16 @@ impl Request {
         }
     }
 
-    /// Serves a request sent with `GenServer.cast`, which gets no answer: frees and upload
-    /// chunks; any other is ignored (there is no one to tell).
+    /// Serves a request sent with `GenServer.cast`, which gets no answer: frees, upload chunks,
+    /// shares and releases; any other is ignored (there is no one to tell).
     pub fn apply_cast(self, state: &Arc<State>) {
         match self {
             Request::Free(free) => free.apply_cast(state),
             Request::UploadChunk(chunk) => chunk.apply_cast(state),
+            Request::Hold(hold) => hold.apply_cast(state),
             other => tracing::debug!(
-                "xla: ignoring cast {other:?}: only frees and upload chunks are casts"
+                "xla: ignoring cast {other:?}: only frees, upload chunks, shares and releases \
+                 are casts"
             ),
         }
     }
@@ -141,6 +152,7 @@ impl Request {
             Request::Upload(upload) => return upload.apply(state, from),
             Request::UploadChunk(chunk) => return chunk.apply(state, from),
             Request::UploadDone(done) => return done.apply(state, from),
+            Request::Hold(hold) => return hold.apply(state, from),
             Request::LoadKernel(load) => return load.apply(state, from),
         };
         state.reply(&from, reply);

@@ -1,10 +1,12 @@
 //! Executables and device buffers handed out to the cluster, keyed by the opaque reference the
-//! caller holds, and owned by the process that created them.
+//! caller holds, and held by one or more processes: the one that created them (or the `owner:`
+//! it named), and any that a holder gave or shared them to (`holders.rs`).
 //!
-//! The `:xla` server monitors every owner once; when an owner dies, or its node disconnects,
-//! the monitor fires and everything it owned is released here. A resource in use by a running
-//! program stays alive until that run finishes (they are reference-counted), so freeing can never
-//! pull a buffer out from under XLA.
+//! The `:xla` server monitors every holder once; when a holder dies, or its node disconnects,
+//! the monitor fires and its holds end here: what it held alone is released, what others hold
+//! too stays theirs. `{:free, ...}` releases a resource whoever holds it. A resource in use by a
+//! running program stays alive until that run finishes (they are reference-counted), so freeing
+//! can never pull a buffer out from under XLA.
 
 use super::transfer::Upload;
 use crate::dispatch::{BEAM_INFEED, BEAM_OUTFEED, RUNTIME_CALLBACK};
@@ -43,15 +45,103 @@ impl Program {
     }
 }
 
+/// Who holds what: each reference's holds (a process holds a reference once per share it got,
+/// as a reference count; one hold, most often; never none while it is in the table), and each
+/// holder's monitor and references.
+#[derive(Default)]
+struct Holds {
+    holders: HashMap<Reference, Vec<Pid>>,
+    owners: HashMap<Pid, (Reference, HashSet<Reference>)>,
+    /// Monitor reference -> holder.
+    monitors: HashMap<Reference, Pid>,
+}
+
+impl Holds {
+    /// `holder` holds `key` once more, monitored first if it held nothing yet: `monitor`
+    /// monitors it and returns the monitor's reference.
+    fn hold(&mut self, key: &Reference, holder: &Pid, monitor: &dyn Fn(&Pid) -> Reference) {
+        self.holders
+            .entry(key.clone())
+            .or_default()
+            .push(holder.clone());
+        match self.owners.get_mut(holder) {
+            Some((_, owned)) => {
+                owned.insert(key.clone());
+            }
+            None => {
+                let reference = monitor(holder);
+                self.monitors.insert(reference.clone(), holder.clone());
+                self.owners
+                    .insert(holder.clone(), (reference, HashSet::from([key.clone()])));
+            }
+        }
+    }
+
+    fn holds(&self, key: &Reference, holder: &Pid) -> bool {
+        self.holders.get(key).is_some_and(|h| h.contains(holder))
+    }
+
+    /// Ends one of `holder`'s holds on `key`: whether no hold is left.
+    fn end(&mut self, key: &Reference, holder: &Pid) -> bool {
+        let Some(holders) = self.holders.get_mut(key) else {
+            return false;
+        };
+        if let Some(at) = holders.iter().position(|h| h == holder) {
+            holders.swap_remove(at);
+        }
+        if !holders.contains(holder) {
+            if let Some((_, owned)) = self.owners.get_mut(holder) {
+                owned.remove(key);
+            }
+        }
+        let last = holders.is_empty();
+        if last {
+            self.holders.remove(key);
+        }
+        last
+    }
+
+    /// Ends every hold on `key`.
+    fn forget(&mut self, key: &Reference) {
+        for holder in self.holders.remove(key).unwrap_or_default() {
+            if let Some((_, owned)) = self.owners.get_mut(&holder) {
+                owned.remove(key);
+            }
+        }
+    }
+
+    /// The holder behind `monitor` went down: ends all its holds, and returns the references
+    /// it alone held.
+    fn holder_down(&mut self, monitor: &Reference) -> Vec<Reference> {
+        let Some(holder) = self.monitors.remove(monitor) else {
+            return Vec::new();
+        };
+        let Some((_, owned)) = self.owners.remove(&holder) else {
+            return Vec::new();
+        };
+        owned
+            .into_iter()
+            .filter(|key| {
+                let Some(holders) = self.holders.get_mut(key) else {
+                    return false;
+                };
+                holders.retain(|h| *h != holder);
+                let last = holders.is_empty();
+                if last {
+                    self.holders.remove(key);
+                }
+                last
+            })
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct Tables {
-    resources: HashMap<Reference, (Resource, Pid)>,
+    resources: HashMap<Reference, Resource>,
     /// What `resources` holds, kept as it changes so that reading it costs nothing.
     held: Held,
-    /// Per owner: its monitor and what it owns.
-    owners: HashMap<Pid, (Reference, HashSet<Reference>)>,
-    /// Monitor reference -> owner.
-    monitors: HashMap<Reference, Pid>,
+    holds: Holds,
 }
 
 /// Executables and buffers held for clients, and the buffers' bytes on the device.
@@ -86,11 +176,89 @@ impl Held {
     }
 }
 
+/// Why a hold on a reference cannot change (for [`Resources::change_holds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldError {
+    /// The reference names nothing: never did, or was freed.
+    Unknown(Reference),
+    /// The process asking does not hold it (to give it away or release it).
+    NotHeld(Reference),
+    /// An upload not yet done belongs to its caller alone.
+    Upload(Reference),
+}
+
+/// A change of holds, for each of a request's references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldChange<'a> {
+    /// `pid` holds it once more.
+    Share(&'a Pid),
+    /// One hold of `from` passes to `to`.
+    GiveAway { from: &'a Pid, to: &'a Pid },
+    /// One hold of `pid` ends; the resource goes when no hold is left.
+    Release(&'a Pid),
+}
+
+/// Whether [`Resources::change_holds`] makes every change or none (a call, which answers the
+/// first reference that cannot change) or skips the references that cannot (a cast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strictness {
+    AllOrNothing,
+    SkipInvalid,
+}
+
 impl Tables {
-    fn take(&mut self, key: &Reference) -> Option<(Resource, Pid)> {
-        let taken = self.resources.remove(key)?;
-        self.held.remove(&taken.0);
-        Some(taken)
+    /// Takes a resource out whoever holds it.
+    fn take(&mut self, key: &Reference) -> Option<Resource> {
+        let resource = self.resources.remove(key)?;
+        self.held.remove(&resource);
+        self.holds.forget(key);
+        Some(resource)
+    }
+
+    /// Whether `change` can apply to `key`.
+    fn check(&self, key: &Reference, change: HoldChange) -> Result<(), HoldError> {
+        match self.resources.get(key) {
+            None => return Err(HoldError::Unknown(key.clone())),
+            Some(Resource::Upload(_)) => return Err(HoldError::Upload(key.clone())),
+            Some(_) => {}
+        }
+        match change {
+            HoldChange::Share(_) => Ok(()),
+            HoldChange::GiveAway { from: holder, .. } | HoldChange::Release(holder) => {
+                if self.holds.holds(key, holder) {
+                    Ok(())
+                } else {
+                    Err(HoldError::NotHeld(key.clone()))
+                }
+            }
+        }
+    }
+
+    /// Applies a change [`Tables::check`] allowed; what it released, if anything.
+    fn apply(
+        &mut self,
+        key: &Reference,
+        change: HoldChange,
+        monitor: &dyn Fn(&Pid) -> Reference,
+    ) -> Option<Resource> {
+        match change {
+            HoldChange::Share(pid) => {
+                self.holds.hold(key, pid, monitor);
+                None
+            }
+            HoldChange::GiveAway { from, to } => {
+                self.holds.hold(key, to, monitor);
+                self.holds.end(key, from);
+                None
+            }
+            HoldChange::Release(pid) => {
+                if self.holds.end(key, pid) {
+                    self.take(key)
+                } else {
+                    None
+                }
+            }
+        }
     }
 }
 
@@ -99,81 +267,198 @@ pub struct Resources {
     tables: Mutex<Tables>,
 }
 
-/// What [`Resources::insert`] needs the caller to do: monitor a new owner.
-pub enum Owner {
-    Known,
-    New,
-}
-
 impl Resources {
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stores `resource` under `reference` for `owner`. Returns [`Owner::New`] when the owner has
-    /// no monitor yet: the caller must then monitor it and call [`Resources::set_monitor`].
-    pub fn insert(&self, reference: &Reference, resource: Resource, owner: &Pid) -> Owner {
+    /// Stores `resource` under `reference`, held by `owner`. `monitor` monitors a holder that
+    /// holds nothing yet and returns the monitor's reference; it is called with the tables
+    /// locked, so that a holder that is already dead (whose `:DOWN` may come at once) is found
+    /// here when its monitor fires.
+    pub fn insert(
+        &self,
+        reference: &Reference,
+        resource: Resource,
+        owner: &Pid,
+        monitor: &dyn Fn(&Pid) -> Reference,
+    ) {
         let mut t = self.lock();
-        let key = reference.clone();
         t.held.add(&resource);
-        if let Some((replaced, _)) = t.resources.insert(key.clone(), (resource, owner.clone())) {
+        if let Some(replaced) = t.resources.insert(reference.clone(), resource) {
             t.held.remove(&replaced);
         }
-        match t.owners.get_mut(owner) {
-            Some((_, owned)) => {
-                owned.insert(key);
-                Owner::Known
-            }
-            None => {
-                let placeholder = reference.clone();
-                t.owners
-                    .insert(owner.clone(), (placeholder, HashSet::from([key])));
-                Owner::New
-            }
-        }
-    }
-
-    pub fn set_monitor(&self, owner: &Pid, monitor: Reference) {
-        let mut t = self.lock();
-        t.monitors.insert(monitor.clone(), owner.clone());
-        if let Some(entry) = t.owners.get_mut(owner) {
-            entry.0 = monitor;
-        }
+        t.holds.hold(reference, owner, monitor);
     }
 
     pub fn get(&self, reference: &Reference) -> Option<Resource> {
-        self.lock().resources.get(reference).map(|(r, _)| r.clone())
+        self.lock().resources.get(reference).cloned()
     }
 
-    /// Removes one resource from the table and returns it; `None` if the reference is unknown
-    /// (or already freed). The caller drops it where XLA may be called (see `crate::schedule`).
+    /// Removes one resource from the table whoever holds it and returns it; `None` if the
+    /// reference is unknown (or already freed). The caller drops it where XLA may be called
+    /// (see `crate::schedule`).
     pub fn free(&self, reference: &Reference) -> Option<Resource> {
-        let mut t = self.lock();
-        let (resource, owner) = t.take(reference)?;
-        if let Some((_, owned)) = t.owners.get_mut(&owner) {
-            owned.remove(reference);
-        }
-        Some(resource)
+        self.lock().take(reference)
     }
 
-    /// The owner behind `monitor` died: removes all it owned and returns it, to be dropped as
-    /// [`Resources::free`] says.
+    /// Applies `change` to each of `references`, in order: with [`Strictness::AllOrNothing`]
+    /// every one or, at the first that cannot change, none (that one's error); with
+    /// [`Strictness::SkipInvalid`] those that can. Returns the resources a last holder
+    /// released, to be dropped as [`Resources::free`] says.
+    pub fn change_holds(
+        &self,
+        references: &[Reference],
+        change: HoldChange,
+        strictness: Strictness,
+        monitor: &dyn Fn(&Pid) -> Reference,
+    ) -> Result<Vec<Resource>, HoldError> {
+        let mut t = self.lock();
+        if strictness == Strictness::AllOrNothing {
+            for key in references {
+                t.check(key, change)?;
+            }
+        }
+        let mut released = Vec::new();
+        for key in references {
+            // Each time a reference is listed counts; checked again, one that cannot change any
+            // more (a release past the holds given) is skipped.
+            if t.check(key, change).is_ok() {
+                released.extend(t.apply(key, change, monitor));
+            }
+        }
+        Ok(released)
+    }
+
+    /// The holder behind `monitor` died: ends all its holds and returns what it held alone, to
+    /// be dropped as [`Resources::free`] says.
     pub fn owner_down(&self, monitor: &Reference) -> Vec<Resource> {
         let mut t = self.lock();
-        let Some(owner) = t.monitors.remove(monitor) else {
-            return Vec::new();
-        };
-        let Some((_, owned)) = t.owners.remove(&owner) else {
-            return Vec::new();
-        };
-        owned
-            .iter()
-            .filter_map(|key| t.take(key).map(|(r, _)| r))
-            .collect()
+        let alone = t.holds.holder_down(monitor);
+        alone.iter().filter_map(|key| t.take(key)).collect()
     }
 
     /// What is held now.
     pub fn held(&self) -> Held {
         self.lock().held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    fn pid(id: u32) -> Pid {
+        Pid::new("client@host", id, 0, 1)
+    }
+
+    fn reference(id: u32) -> Reference {
+        Reference {
+            node: eetf::Atom::from("xla@host"),
+            id: vec![id, 0, 0],
+            creation: 1,
+        }
+    }
+
+    /// Holds whose monitors are numbered as they are made.
+    struct Fixture {
+        holds: Holds,
+        monitors: RefCell<Vec<Pid>>,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            Fixture {
+                holds: Holds::default(),
+                monitors: RefCell::new(Vec::new()),
+            }
+        }
+
+        fn hold(&mut self, key: u32, holder: u32) {
+            let monitors = &self.monitors;
+            self.holds.hold(&reference(key), &pid(holder), &|p| {
+                let mut m = monitors.borrow_mut();
+                m.push(p.clone());
+                reference(1000 + m.len() as u32 - 1)
+            });
+        }
+
+        fn monitor_of(&self, holder: u32) -> Reference {
+            let at = self
+                .monitors
+                .borrow()
+                .iter()
+                .position(|p| *p == pid(holder));
+            reference(1000 + at.expect("monitored") as u32)
+        }
+    }
+
+    #[test]
+    fn a_holder_is_monitored_once_whatever_it_holds() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(2, 7);
+        f.hold(1, 7);
+        f.hold(1, 8);
+        assert_eq!(*f.monitors.borrow(), vec![pid(7), pid(8)]);
+        assert!(f.holds.holds(&reference(1), &pid(7)) && f.holds.holds(&reference(1), &pid(8)));
+        assert!(!f.holds.holds(&reference(2), &pid(8)));
+    }
+
+    #[test]
+    fn a_reference_goes_with_its_last_hold() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(1, 8);
+        assert!(!f.holds.end(&reference(1), &pid(7)), "8 holds it still");
+        assert!(f.holds.end(&reference(1), &pid(8)));
+        // Ending a hold that is not there changes nothing.
+        assert!(!f.holds.end(&reference(1), &pid(8)));
+    }
+
+    #[test]
+    fn holds_are_counted() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(1, 7);
+        f.hold(2, 7);
+        assert!(!f.holds.end(&reference(1), &pid(7)), "7 holds it once more");
+        assert!(f.holds.holds(&reference(1), &pid(7)));
+        assert!(f.holds.end(&reference(1), &pid(7)));
+        assert!(!f.holds.holds(&reference(1), &pid(7)));
+        // Its exit ends the holds it has left, however many.
+        f.hold(2, 7);
+        assert_eq!(f.holds.holder_down(&f.monitor_of(7)), vec![reference(2)]);
+    }
+
+    #[test]
+    fn a_holder_that_goes_down_releases_what_it_held_alone() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(2, 7);
+        f.hold(2, 8);
+        f.hold(3, 8);
+        let mut alone = f.holds.holder_down(&f.monitor_of(7));
+        alone.sort_by_key(|r| r.id[0]);
+        assert_eq!(alone, vec![reference(1)]);
+        assert!(f.holds.holds(&reference(2), &pid(8)));
+        // Its monitor fires once.
+        assert!(f.holds.holder_down(&f.monitor_of(7)).is_empty());
+        let mut alone = f.holds.holder_down(&f.monitor_of(8));
+        alone.sort_by_key(|r| r.id[0]);
+        assert_eq!(alone, vec![reference(2), reference(3)]);
+    }
+
+    #[test]
+    fn forgetting_a_reference_ends_every_hold_on_it() {
+        let mut f = Fixture::new();
+        f.hold(1, 7);
+        f.hold(1, 8);
+        f.hold(2, 8);
+        f.holds.forget(&reference(1));
+        assert!(!f.holds.holds(&reference(1), &pid(7)));
+        assert_eq!(f.holds.holder_down(&f.monitor_of(8)), vec![reference(2)]);
+        assert!(f.holds.holder_down(&f.monitor_of(7)).is_empty());
     }
 }

@@ -37,7 +37,7 @@ use crate::node::Dest;
 use crate::schedule::{Place, RunJob, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Argument, Buffer, DType, Executable, HostTensor, Run, XlaError};
-use eetf::{Reference, Term};
+use eetf::{Pid, Reference, Term};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -143,6 +143,8 @@ struct RunOptions {
     queue_timeout: Option<Option<Duration>>,
     /// `device: n` as given, checked against the node's devices when applied.
     device: Option<Term>,
+    /// `owner: pid`: who holds the results kept on the device (`None`: the caller).
+    owner: Option<Pid>,
 }
 
 impl RunRequest {
@@ -328,9 +330,10 @@ fn execute(
             .into_iter()
             .enumerate()
             .map(|(i, b)| match kept.keeps(i % per_device) {
-                true => Ok(Term::from(
-                    state.register(Resource::Buffer(Arc::new(b)), &from.pid),
-                )),
+                true => Ok(Term::from(state.register(
+                    Resource::Buffer(Arc::new(b)),
+                    options.owner.as_ref().unwrap_or(&from.pid),
+                ))),
                 false => b.to_host_tensor().map(host_tensor_term),
             })
             .collect::<Result<_, _>>()?;
@@ -426,6 +429,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
     for (key, value) in keywords(opts)? {
         match key.as_str() {
             "device" => options.device = Some(value),
+            "owner" => options.owner = Some(parse::owner(&value)?),
             "keep_on_device" => options.keep_on_device = Kept::parse(&value)?,
             "wait" => options.wait = boolean(&key, &value)?,
             "callback_server" => {
@@ -451,7 +455,7 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
             }
             other => {
                 return Err(argument(format!(
-                    "unknown run option {other} (supported: device, keep_on_device, wait, callback_server, callback_timeout, queue_timeout)"
+                    "unknown run option {other} (supported: device, keep_on_device, wait, callback_server, callback_timeout, queue_timeout, owner)"
                 )))
             }
         }

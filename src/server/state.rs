@@ -11,7 +11,7 @@
 use super::device_budget::{DeviceBudget, Reservation};
 use super::error::{ErrorTally, RequestError};
 use super::kernels::KernelPolicy;
-use super::resources::{Held, Owner, Program, Resource, Resources};
+use super::resources::{Held, HoldChange, HoldError, Program, Resource, Resources, Strictness};
 use super::transfer::Upload;
 use crate::dispatch::{DispatchStats, Dispatcher, RunCallbacks, RunHandle};
 use crate::metrics::Histogram;
@@ -112,14 +112,36 @@ impl State {
 
     // --- resources ---
 
-    /// Stores a new resource for `owner` and returns the reference that names it.
+    /// Stores a new resource held by `owner` and returns the reference that names it.
     pub fn register(&self, resource: Resource, owner: &Pid) -> Reference {
         let reference = self.node.make_ref();
-        if let Owner::New = self.resources.insert(&reference, resource, owner) {
-            let monitor = self.node.monitor(&self.server, Dest::Pid(owner.clone()));
-            self.resources.set_monitor(owner, monitor);
-        }
+        self.resources
+            .insert(&reference, resource, owner, &|holder| self.monitor(holder));
         reference
+    }
+
+    /// Monitors a holder from the server, so that its holds end when it does.
+    fn monitor(&self, holder: &Pid) -> Reference {
+        self.node.monitor(&self.server, Dest::Pid(holder.clone()))
+    }
+
+    /// Changes who holds each of `references` (`holders.rs`): every one or none, answering the
+    /// first that cannot change ([`Strictness::AllOrNothing`], a call), or those that can
+    /// ([`Strictness::SkipInvalid`], a cast). What a last holder released is freed.
+    pub fn change_holds(
+        &self,
+        references: &[Reference],
+        change: HoldChange,
+        strictness: Strictness,
+    ) -> Result<(), RequestError> {
+        let released = self
+            .resources
+            .change_holds(references, change, strictness, &|holder| {
+                self.monitor(holder)
+            })
+            .map_err(|e| hold_error(e, change))?;
+        self.release(released);
+        Ok(())
     }
 
     /// What `reference` names: an executable, a buffer or an upload.
@@ -193,7 +215,8 @@ impl State {
         self.release(freed);
     }
 
-    /// The owner behind `monitor` went down: frees all it owned. Returns how many resources.
+    /// The holder behind `monitor` went down: frees all it held alone. Returns how many
+    /// resources.
     pub fn owner_down(&self, monitor: &Reference) -> usize {
         let freed = self.resources.owner_down(monitor);
         let count = freed.len();
@@ -376,6 +399,29 @@ impl State {
 /// The error for a reference that names nothing (never did, or was freed).
 pub fn unknown_reference(reference: impl Into<Term>) -> RequestError {
     RequestError::Argument(format!("unknown or freed reference {}", reference.into()))
+}
+
+/// The `:argument_error` for a reference whose holders cannot change as asked.
+fn hold_error(error: HoldError, change: HoldChange) -> RequestError {
+    match error {
+        HoldError::Unknown(reference) => unknown_reference(reference),
+        HoldError::Upload(reference) => RequestError::Argument(format!(
+            "{} is an upload not yet done: it is its caller's alone until {{:upload_done, upload}}",
+            Term::from(reference)
+        )),
+        HoldError::NotHeld(reference) => {
+            let (holder, what) = match change {
+                HoldChange::GiveAway { from, .. } => (from, "give it away"),
+                HoldChange::Release(pid) => (pid, "release it"),
+                HoldChange::Share(pid) => (pid, "share it"),
+            };
+            RequestError::Argument(format!(
+                "{} is not held by {}: only a holder can {what}",
+                Term::from(reference),
+                Term::from(holder.clone())
+            ))
+        }
+    }
 }
 
 /// Runs executed on each device, and running there now, by device index: what shows in

@@ -5,20 +5,21 @@
 //! A node drops a connection whose peer sends one message over `--max-message-bytes`, and with it
 //! every buffer that peer's processes hold: clients move larger tensors in chunks, each its own
 //! message. An upload is a resource of its caller like a buffer: when the caller exits before
-//! `{:upload_done, upload}`, what it sent is dropped with it. Each chunk is kept as it arrives
+//! `{:upload_done, upload}`, what it sent is dropped with it; the buffer it makes is held by the
+//! upload's `owner:`, or by the caller of `upload_done`. Each chunk is kept as it arrives
 //! (its bytes are the decoded message's, not copied on the server's task) and written to the
 //! device by an executor thread while the next ones arrive ([`DeviceUpload`]); 2- and 4-bit
 //! tensors, whose device layout is not their packed bytes, are put together and placed whole.
 
 use super::error::RequestError;
-use super::parse::{argument, keywords, placement_options, reference, Elements};
+use super::parse::{argument, keywords, placement_options, reference, Elements, Placement};
 use super::resources::Resource;
 use super::state::State;
 use crate::node::gen::Caller;
 use crate::node::term::{as_i64, atom, int, ok, tuple};
 use crate::tensor_term::{data_bits, data_term, parse_shape, shape_term};
 use crate::xla::{DeviceUpload, HostTensor, TensorSpec};
-use eetf::{Reference, Term};
+use eetf::{Pid, Reference, Term};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +28,8 @@ pub struct Upload {
     spec: TensorSpec,
     /// Where the tensor goes: an index into `:info`'s `devices`.
     device: usize,
+    /// Who holds the buffer once it is done (`owner:`); `None`: the caller of `upload_done`.
+    owner: Option<Pid>,
     /// Bytes the whole tensor takes (its bits rounded up).
     total: usize,
     /// Whether chunks are written to the device as they arrive ([`DeviceUpload`]): every type
@@ -52,13 +55,14 @@ struct Parts {
 }
 
 impl Upload {
-    fn new(spec: TensorSpec, device: usize) -> Upload {
+    fn new(spec: TensorSpec, placement: Placement) -> Upload {
         let total = spec.bit_size().div_ceil(8);
         Upload {
             in_pieces: !spec.dtype.is_sub_byte() && total > 0,
             total,
             spec,
-            device,
+            device: placement.device,
+            owner: placement.owner,
             parts: Mutex::default(),
         }
     }
@@ -147,12 +151,13 @@ impl Upload {
 
     /// Answers `caller` with the buffer, or what is wrong; on an executor thread.
     fn finish(&self, state: &State, caller: &Caller) {
+        let owner = self.owner.as_ref().unwrap_or(&caller.pid);
         let placed = self.take_whole().and_then(|whole| match whole {
             Whole::Written(device) => {
                 let buffer = device.finish()?;
-                Ok(state.register(Resource::Buffer(Arc::new(buffer)), &caller.pid))
+                Ok(state.register(Resource::Buffer(Arc::new(buffer)), owner))
             }
-            Whole::Host(tensor) => state.upload(&tensor, self.device, &caller.pid),
+            Whole::Host(tensor) => state.upload(&tensor, self.device, owner),
         });
         state.reply_result(caller, placed.map(Term::from));
     }
@@ -193,8 +198,8 @@ enum Whole {
     Host(HostTensor),
 }
 
-/// `{:upload, {type, dims}}` / `{:upload, {type, dims}, [device: n]}`, parsed: a tensor that
-/// will come in chunks.
+/// `{:upload, {type, dims}}` / `{:upload, {type, dims}, [device: n, owner: pid]}`, parsed: a
+/// tensor that will come in chunks.
 #[derive(Debug)]
 pub struct UploadRequest {
     spec: TensorSpec,
@@ -213,11 +218,11 @@ impl UploadRequest {
     /// Replies `{:ok, upload}`, to which chunks are then sent; refused now rather than after
     /// the bytes came when the tensor cannot fit under `--max-device-bytes` at all.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
-        let device = match placement_options(self.options, state.client().device_count()) {
-            Ok(device) => device,
+        let placement = match placement_options(self.options, state.client().device_count()) {
+            Ok(placement) => placement,
             Err(e) => return state.reply_error(&from, &e),
         };
-        let upload = Upload::new(self.spec, device);
+        let upload = Upload::new(self.spec, placement);
         // Only a check: the buffer's bytes count as held once it is made.
         let begun = state
             .reserve_device("the upload", upload.total as u64)

@@ -110,13 +110,15 @@ defmodule XlaNode.Frees do
 
   @doc """
   Sends `refs` (executables' and buffers' references) with one `{:free, refs}` cast to each node
-  holding some; `:ok`.
+  holding some, and tells `XlaNode.Keeper` they are freed; `:ok`.
   """
   @spec cast_frees([reference()]) :: :ok
   def cast_frees(refs) do
     refs
     |> Enum.group_by(&node/1)
     |> Enum.each(fn {node, refs} -> GenServer.cast({:xla, node}, {:free, refs}) end)
+
+    XlaNode.Keeper.freed(refs)
   end
 
   @impl true

@@ -17,6 +17,7 @@ defmodule XlaNode.Options do
           | :timeout
           | :positive_timeout
           | :process
+          | :pid
           | :name
           | :outfeed
           | :list
@@ -97,6 +98,7 @@ defmodule XlaNode.Options do
     do: value == :infinity or (is_integer(value) and value > 0)
 
   defp valid?(:process, value), do: is_pid(value) or name_at_node?(value) or plain_atom?(value)
+  defp valid?(:pid, value), do: is_pid(value)
 
   defp valid?(:outfeed, value),
     do: value == nil or valid?(:process, value) or is_function(value, 1)
@@ -168,6 +170,7 @@ defmodule XlaNode.Options do
   defp describe(:timeout), do: "a non-negative integer (milliseconds) or :infinity"
   defp describe(:positive_timeout), do: "a positive integer (milliseconds) or :infinity"
   defp describe(:process), do: "a pid, a registered name (an atom) or {name, node}"
+  defp describe(:pid), do: "a pid"
   defp describe(:name), do: "an atom, {:global, term} or {:via, module, term}"
 
   defp describe(:outfeed),

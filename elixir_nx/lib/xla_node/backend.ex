@@ -53,11 +53,19 @@ defmodule XlaNode.Backend do
 
   ## Memory
 
-  A buffer belongs to the process that made it: the node frees it when that process exits, or
-  with `Nx.backend_deallocate/1` (sent with this process's next request to the node, or a
-  millisecond later: `XlaNode.free_later/1`). Other processes may use the tensor while it lives. A process that lives long (a GenServer running eager operations
-  for hours) frees what it makes inside `scope/1` when the scope ends, except what the scope
-  returns:
+  A tensor lives while any process holds it, as an EXLA tensor does: its buffer is freed on
+  the node soon after the last process holding the tensor drops it and collects its garbage
+  (`XlaNode.Keeper` holds every buffer on its node and watches the tensor's token, a small
+  binary the tensor holds). A Task's result, a tensor sent to another process, kept in an
+  `Agent`, a GenServer's state or an ETS table lives as long as they hold it; what a
+  long-lived process drops goes without anything else to do. A tensor sent to a process on
+  another node of the cluster lives there from the first time that process uses it (its
+  node's client takes it over then), until no node holds it.
+
+  To free at once rather than when the garbage is collected: `Nx.backend_deallocate/1` (sent
+  with this process's next request to the node, or a millisecond later:
+  `XlaNode.free_later/1`), `free_all/1` (a container's tensors, one cast), or `scope/1`, which
+  frees what this process made inside it when it ends, except what it returns:
 
       params =
         XlaNode.Backend.scope(fn ->
@@ -65,12 +73,17 @@ defmodule XlaNode.Backend do
           update(params, grads)
         end)
 
+  Each frees the buffer whoever else holds the tensor, as `Nx.backend_deallocate/1` does on
+  EXLA.
+
   ## Errors
 
   A node that is down, or goes down during an operation, raises an `XlaNode.Error` of kind
-  `:nodedown` naming it; its tensors are gone (the node frees a process's buffers when the
-  connection to it drops). A tensor whose buffer the node no longer has (freed, its process
-  exited, the node restarted) raises an `XlaNode.Error` of kind `:gone` that names its node.
+  `:nodedown` naming it; its tensors are gone (the node frees a client node's buffers when
+  the connection to it drops). A tensor whose buffer the node no longer has (freed, no process
+  held it any more, the node restarted) raises an `XlaNode.Error` of kind `:gone` that names
+  its node. A tensor whose data was tampered with (its token not one `XlaNode.Keeper` made)
+  raises `ArgumentError`.
 
   Pointers (`Nx.to_pointer/2`, `Nx.from_pointer/5`) raise: the data is in another OS process,
   possibly on another machine.
@@ -79,15 +92,17 @@ defmodule XlaNode.Backend do
   @behaviour Nx.Backend
 
   @enforce_keys [:node, :buffer]
-  defstruct [:node, :buffer]
+  defstruct [:node, :buffer, :token]
 
   @typedoc """
-  A tensor's data: its `node`, and its `buffer` there (a reference owned by the process that
-  made it), or `{:inline, binary}` for a scalar made from a number, kept here until used.
+  A tensor's data: its `node`, and its `buffer` there (a reference held by `XlaNode.Keeper`)
+  with the `token` that keeps it alive while any process holds the tensor, or `{:inline,
+  binary}` (and no token) for a scalar made from a number or a small result, kept here.
   """
   @type t :: %__MODULE__{
           node: node() | XlaNode.Pool.t(),
-          buffer: reference() | {:inline, binary()}
+          buffer: reference() | {:inline, binary()},
+          token: XlaNode.Keeper.token() | nil
         }
 
   alias XlaNode.Backend.{Eager, Scope, Transfer}
@@ -101,8 +116,8 @@ defmodule XlaNode.Backend do
   When `fun` raises, throws or exits, everything it made is freed. Scopes nest: what an inner
   scope returns belongs to the outer one.
 
-  Buffers other processes make (a `Task` started inside) are theirs: they go when those
-  processes exit.
+  Buffers other processes make (a `Task` started inside) are not this scope's: they live
+  while some process holds them.
 
       loss =
         XlaNode.Backend.scope(fn ->
@@ -273,7 +288,7 @@ defmodule XlaNode.Backend do
     same_node? = XlaNode.Local.resolve(opts[:node]) == node
 
     if backend == __MODULE__ and same_node? and not Keyword.has_key?(opts, :device_id) do
-      t
+      Transfer.hold(t)
     else
       copy = backend_copy(t, backend, opts)
       Transfer.free(t)

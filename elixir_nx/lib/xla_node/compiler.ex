@@ -54,11 +54,13 @@ defmodule XlaNode.Compiler do
     * `:keep_on_device` - return tensors whose data stays on the node (`XlaNode.Backend`), to
       pass into the next call without moving them. Default: `true` when the process's default
       backend (`Nx.default_backend/0`) is `XlaNode.Backend`, as with EXLA, `false` otherwise
-      and in an `Nx.Serving` (its batches run in tasks that exit once they have replied, and
-      a buffer goes with the process that made it). Where the default backend decides it,
-      results of 64 bytes or less (a loss) come back in the same reply instead, inline behind
-      `XlaNode.Backend` tensors, so that reading them asks the node nothing; `true` given keeps
-      every result
+      and in an `Nx.Serving` (it cuts each batch's results into each caller's, which on the
+      node is a request a caller; and a caller on another node must use a tensor there before
+      the serving's node drops it, see `XlaNode.Keeper`); with `true` given, a serving's
+      results live on the node while their callers hold them. Where the default backend
+      decides it, results of 64 bytes or less (a loss) come back in the same reply instead,
+      inline behind `XlaNode.Backend` tensors, so that reading them asks the node nothing;
+      `true` given keeps every result
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
@@ -133,8 +135,8 @@ defmodule XlaNode.Compiler do
   end
 
   # Results stay on the node when asked to, or when the default backend is XlaNode.Backend,
-  # except in an Nx.Serving (which passes :batch_keys): it runs each batch in a task that exits
-  # once it has replied, taking the buffers it owns with it.
+  # except in an Nx.Serving (which passes :batch_keys): it cuts each batch's results into its
+  # callers', a request each on the node, and its callers may be on other nodes.
   defp keep_on_device?(opts) do
     Keyword.get_lazy(opts, :keep_on_device, fn ->
       not Keyword.has_key?(opts, :batch_keys) and

@@ -93,6 +93,28 @@ defmodule XlaNode.NxTest.Node do
     end
   end
 
+  @doc """
+  Starts a second BEAM node (OTP's `:peer`, unlinked) with this run's code path and cookie, and
+  the `:xla_node_nx` application started there (Nx, the client and its `XlaNode.Keeper`).
+  Returns `%{pid: peer, node: name}`; `stop_peer/1` ends it.
+  """
+  def start_peer! do
+    args =
+      [~c"-setcookie", Atom.to_charlist(@cookie)] ++
+        Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
+
+    name = :"nx_peer_#{System.pid()}_#{System.unique_integer([:positive])}"
+    {:ok, pid, node} = :peer.start(%{name: name, args: args, wait_boot: 30_000})
+    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:xla_node_nx])
+    %{pid: pid, node: node}
+  end
+
+  def stop_peer(%{pid: pid}) do
+    :peer.stop(pid)
+  catch
+    :exit, _ -> :ok
+  end
+
   defp ping(name) do
     GenServer.call({:xla, name}, :ping, 1_000)
   catch

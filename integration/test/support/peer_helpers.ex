@@ -189,4 +189,52 @@ defmodule XlaNode.PeerHelpers do
     {:ok, {:ok, exe}} = call({:xla, node}, {:compile, XlaNode.Load.plus_one_program()}, 60_000)
     XlaNode.Load.run_clients(node, clients, ms, [{:tiny, exe}])
   end
+
+  @doc """
+  Starts a process (on the peer, or here) that holds `{buffer, token}` pairs as an
+  application's process would, in its state, used later: `{:hold, pairs, from}` keeps `pairs`
+  and answers `:holds`; `{:await, fun, from}` runs `fun` in a `Task` and awaits it, as
+  `Task.async/1` and `Task.await/1` do, keeps the pairs it returns, and answers `{:buffers,
+  buffers}` (the references only); `{:read, node, from}` reads each buffer it holds from
+  `{:xla, node}` and answers `{:read, results}`; `{:drop, from}` drops all, collects its
+  garbage and answers `:dropped`. `keep?`: whether it tells its node's `XlaNode.Keeper` it holds
+  each pair (`XlaNode.Keeper.hold/2`, what `XlaNode.Backend` does on each use). Returns its pid.
+  """
+  def spawn_term_holder(keep? \\ true) do
+    spawn(fn -> term_holder(keep?, []) end)
+  end
+
+  defp term_holder(keep?, held) do
+    receive do
+      {:hold, pairs, from} ->
+        if keep?,
+          do: Enum.each(pairs, fn {buffer, token} -> XlaNode.Keeper.hold(token, buffer) end)
+
+        send(from, :holds)
+        term_holder(keep?, pairs ++ held)
+
+      {:await, fun, from} ->
+        pairs = fun |> Task.async() |> Task.await(60_000)
+        send(from, {:buffers, Enum.map(pairs, &elem(&1, 0))})
+        term_holder(keep?, pairs ++ held)
+
+      {:read, node, from} ->
+        results = for {buffer, _token} <- held, do: call({:xla, node}, {:read, buffer})
+        send(from, {:read, results})
+        term_holder(keep?, held)
+
+      {:drop, from} ->
+        dropped(keep?, from)
+    end
+  end
+
+  # What it held is no longer an argument here: the collection finds none of it live.
+  defp dropped(keep?, from) do
+    :erlang.garbage_collect()
+    send(from, :dropped)
+    term_holder(keep?, [])
+  end
+
+  @doc "Starts the client's application on the peer (its `XlaNode.Keeper` among others)."
+  def start_client, do: Application.ensure_all_started(:xla_node_client)
 end

@@ -69,6 +69,12 @@ defmodule XlaNode.Pool.Dispatch do
       {:free, ref} ->
         on_buffer_node(ctx, ref, deadline, &XlaNode.call_node(&1, request, &2))
 
+      {tag, refs, pid} when tag in [:share, :give_away] ->
+        on_buffer_nodes(ctx, refs, deadline, &{tag, &1, pid})
+
+      {:release, refs} ->
+        on_buffer_nodes(ctx, refs, deadline, &{:release, &1})
+
       request when request in [:info, :ping] ->
         anywhere(ctx, deadline, fn node, _device, timeout ->
           XlaNode.call_node(node, request, timeout)
@@ -634,6 +640,20 @@ defmodule XlaNode.Pool.Dispatch do
     do:
       {:error,
        Error.argument_error("expected a buffer reference, got #{inspect(other, limit: 5)}")}
+
+  # A request on references of several nodes: one to each node with its references, in turn;
+  # the first error, or :ok.
+  defp on_buffer_nodes(ctx, refs, deadline, request) do
+    refs
+    |> List.wrap()
+    |> Enum.group_by(&node/1)
+    |> Enum.reduce_while({:ok, :ok}, fn {_node, [first | _] = refs}, ok ->
+      case on_buffer_node(ctx, first, deadline, &XlaNode.call_node(&1, request.(refs), &2)) do
+        {:ok, :ok} -> {:cont, ok}
+        other -> {:halt, other}
+      end
+    end)
+  end
 
   # The pool process's part; a pool that stopped meanwhile is an unknown pool.
   defp pool_call(ctx, request, timeout) do

@@ -50,9 +50,10 @@ defmodule XlaNode.Backend.Eager do
         %{exe: exe, callbacks: callbacks, used: used} when callbacks == %{} ->
           args = inputs |> Program.take_used(used) |> Transfer.args(node)
 
-          node
-          |> Transfer.run!(exe, args, keep_on_device: true)
-          |> Enum.map(&Transfer.data(node, &1))
+          Transfer.data(
+            node,
+            Transfer.run!(node, exe, args, [keep_on_device: true] ++ Transfer.owner())
+          )
 
         _ ->
           compile_and_run(key, static, inputs, node, build)

@@ -8,10 +8,13 @@ defmodule XlaNode.Backend.Transfer do
   sends reads, frees and runs taking the buffer to the node holding it. That node is the
   buffer reference's own (`node/1`), which is how errors name it.
 
-  Every buffer made here is noted in the open `XlaNode.Backend.scope/1`, if any. A buffer the
-  node no longer has (freed, its owner gone, the node restarted) raises an `XlaNode.Error` of
-  kind `:gone` naming the node; a node that is down or unreachable, one of kind `:nodedown` that
-  says its tensors are gone.
+  Every buffer made here is held on its node by `XlaNode.Keeper` (`owner:` on the request that
+  makes it), and the tensor holds its token: it lives while any process holds the tensor.
+  Every tensor read or passed to a run is handed to `XlaNode.Keeper.hold/2` first, which takes
+  over one that came from another node. Every buffer made here is also noted in the open
+  `XlaNode.Backend.scope/1`, if any. A buffer the node no longer has (freed, the node
+  restarted) raises an `XlaNode.Error` of kind `:gone` naming the node; a node that is down or
+  unreachable, one of kind `:nodedown` that says its tensors are gone.
   """
 
   alias XlaNode.Backend
@@ -24,9 +27,20 @@ defmodule XlaNode.Backend.Transfer do
   def place!(out, node, binary, placement \\ []) do
     tensor = {binary, {out.type, Tuple.to_list(out.shape)}}
 
-    case XlaNode.to_device(node, tensor, placement) do
+    case XlaNode.to_device(node, tensor, placement ++ owner()) do
       {:ok, buffer} -> wrap(out, node, buffer)
       {:error, error} -> raise error
+    end
+  end
+
+  @doc """
+  The option that makes `XlaNode.Keeper` hold what a request makes: `[owner: keeper]`, or `[]`
+  when the client's application is not started (the caller holds it then).
+  """
+  def owner do
+    case XlaNode.Keeper.owner() do
+      nil -> []
+      keeper -> [owner: keeper]
     end
   end
 
@@ -57,19 +71,46 @@ defmodule XlaNode.Backend.Transfer do
   def inline(template, node, data) when is_binary(data),
     do: %{template | data: %Backend{node: node, buffer: {:inline, data}}}
 
-  @doc "`template` (a tensor or its template) holding `buffer` on `node`; noted in the scope."
-  def wrap(template, node, buffer), do: %{template | data: data(node, buffer)}
+  @doc """
+  `template` (a tensor or its template) holding `buffer` on `node` (held by `XlaNode.Keeper`);
+  noted in the scope.
+  """
+  def wrap(template, node, buffer), do: %{template | data: hd(data(node, [buffer]))}
 
-  @doc "The `XlaNode.Backend` data of a buffer this process made on `node`; noted in the scope."
-  def data(node, buffer) when is_reference(buffer) do
-    Scope.made(buffer)
-    %Backend{node: node, buffer: buffer}
+  @doc """
+  The `XlaNode.Backend` data of buffers this process made on `node`, held by `XlaNode.Keeper`
+  (one message to it for all): each with its token. Noted in the scope.
+  """
+  def data(_node, []), do: []
+
+  def data(node, buffers) when is_list(buffers) do
+    Enum.each(buffers, &Scope.made/1)
+    tokens = XlaNode.Keeper.track(buffers) || Enum.map(buffers, fn _ -> nil end)
+
+    Enum.zip_with(buffers, tokens, fn buffer, token ->
+      %Backend{node: node, buffer: buffer, token: token}
+    end)
   end
+
+  @doc """
+  Hands a tensor that lives on a node to `XlaNode.Keeper.hold/2` before it is used: a no-op
+  for one this node's keeper holds already; one that came from another node is taken over.
+  Returns the tensor.
+  """
+  def hold(%Nx.Tensor{data: %Backend{buffer: buffer, token: token}} = t)
+      when is_reference(buffer) and is_binary(token) do
+    XlaNode.Keeper.hold(token, buffer)
+    t
+  end
+
+  def hold(t), do: t
 
   @doc "The whole data of an `XlaNode.Backend` tensor, read from its node."
   def read!(%Nx.Tensor{data: %Backend{buffer: {:inline, binary}}}), do: binary
 
-  def read!(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}}) do
+  def read!(%Nx.Tensor{data: %Backend{node: node, buffer: buffer}} = t) do
+    hold(t)
+
     case XlaNode.read(node, buffer) do
       {:ok, {binary, _}} -> binary
       {:error, error} -> raise gone(error, [buffer])
@@ -103,8 +144,9 @@ defmodule XlaNode.Backend.Transfer do
       end)
 
     Enum.map(tensors, fn
-      %Nx.Tensor{data: %Backend{node: ^node, buffer: b}}
+      %Nx.Tensor{data: %Backend{node: ^node, buffer: b}} = t
       when is_reference(b) and node(b) == home ->
+        hold(t)
         b
 
       t ->
@@ -124,16 +166,16 @@ defmodule XlaNode.Backend.Transfer do
     end
   end
 
-  # A reference the node does not know was freed, belonged to a process that exited, or to an
-  # earlier run of the node; a node that cannot be reached has dropped this node's buffers.
+  # A reference the node does not know was freed, or is of an earlier run of the node; a node
+  # that cannot be reached has dropped this node's buffers.
   defp gone(%XlaNode.Error{kind: :argument_error, message: message} = error, buffers) do
     if buffers != [] and message =~ ~r/^(argument \d+: )?unknown or freed reference/ do
       %XlaNode.Error{
         kind: :gone,
         message:
           "a tensor on #{inspect(node(hd(buffers)))} is gone: its buffer was freed " <>
-            "(Nx.backend_deallocate/1, " <>
-            "the end of an XlaNode.Backend.scope/1, or the exit of the process that made it) " <>
+            "(Nx.backend_deallocate/1, XlaNode.Backend.free_all/1, the end of an " <>
+            "XlaNode.Backend.scope/1, or no process of any node held it any more) " <>
             "or the node restarted",
         reason: error.reason
       }

@@ -77,6 +77,7 @@ defmodule XlaNode.Compiler.Program do
       |> then(&if(device = opts[:device_id], do: [{:device, device} | &1], else: &1))
       |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(stored_key))
+      |> Keyword.merge(if keep?, do: Transfer.owner(), else: [])
 
     timeout = Keyword.get(opts, :timeout, :infinity)
 
@@ -119,6 +120,12 @@ defmodule XlaNode.Compiler.Program do
   end
 
   defp key_term(%T{data: %Expr{id: id}}), do: {Expr, id}
+
+  # A tensor on a node stands for its buffer: the key must not hold its token (the cache would
+  # keep the buffer for ever).
+  defp key_term(%T{data: %XlaNode.Backend{token: token}} = tensor) when token != nil,
+    do: put_in(tensor.data.token, nil)
+
   defp key_term(%T{} = tensor), do: tensor
   defp key_term(fun) when is_function(fun), do: function_key(fun)
   defp key_term(list) when is_list(list), do: key_list(list)
@@ -341,16 +348,20 @@ defmodule XlaNode.Compiler.Program do
   place in `templates`.
   """
   def from_client(results, {structure, templates}, node, inline?) do
-    tensors =
-      Enum.zip_with(results, templates, fn
-        {data, _}, template when inline? ->
-          Transfer.inline(template, node, data)
+    # The buffers kept are tracked together: one message to the keeper.
+    kept = Transfer.data(node, Enum.filter(results, &is_reference/1))
 
-        {data, _}, template ->
-          Transfer.host_tensor(template, data)
+    {tensors, []} =
+      Enum.zip(results, templates)
+      |> Enum.map_reduce(kept, fn
+        {{data, _}, template}, kept when inline? ->
+          {Transfer.inline(template, node, data), kept}
 
-        buffer, template when is_reference(buffer) ->
-          Transfer.wrap(template, node, buffer)
+        {{data, _}, template}, kept ->
+          {Transfer.host_tensor(template, data), kept}
+
+        {buffer, template}, [data | kept] when is_reference(buffer) ->
+          {%{template | data: data}, kept}
       end)
 
     {result, []} =

@@ -306,6 +306,7 @@ defmodule XlaNode.Compiler.Shard do
         Program.kept_results(keep?, inline?, {structure, templates})
       )
       |> Keyword.put(:telemetry_metadata, %{compiler: XlaNode.Compiler, key: key})
+      |> Keyword.merge(if keep?, do: Transfer.owner(), else: [])
 
     args =
       args_list
