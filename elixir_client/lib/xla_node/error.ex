@@ -92,10 +92,14 @@ defmodule XlaNode.Error do
   def timeout(message), do: %__MODULE__{kind: :timeout, reason: :timeout, message: message}
 
   @doc """
-  Builds an error from what the node sent after `:error` (`{kind, message}`).
+  Builds an error from what the node sent after `:error` (`{kind, message}`). A message that is
+  a charlist (an Erlang string) becomes its text; any other term is inspected.
 
       iex> XlaNode.Error.from_reason({:compile_error, "bad MLIR"})
       %XlaNode.Error{kind: :compile_error, message: "bad MLIR", reason: {:compile_error, "bad MLIR"}}
+
+      iex> XlaNode.Error.from_reason({:argument_error, ~c"bad shape"}).message
+      "bad shape"
 
       iex> XlaNode.Error.from_reason(:weird).kind
       :bad_reply
@@ -104,8 +108,14 @@ defmodule XlaNode.Error do
   def from_reason({kind, message} = reason) when is_atom(kind) and is_binary(message),
     do: %__MODULE__{kind: kind, message: message, reason: reason}
 
-  def from_reason({kind, message} = reason) when is_atom(kind),
-    do: %__MODULE__{kind: kind, message: inspect(message), reason: reason}
+  def from_reason({kind, message} = reason) when is_atom(kind) do
+    text =
+      if is_list(message) and :io_lib.printable_unicode_list(message),
+        do: List.to_string(message),
+        else: inspect(message)
+
+    %__MODULE__{kind: kind, message: text, reason: reason}
+  end
 
   def from_reason(reason),
     do: %__MODULE__{

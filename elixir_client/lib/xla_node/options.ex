@@ -183,6 +183,5 @@ defmodule XlaNode.Options do
     do: "nil or an atom without \"@\" (it must not read as a node name)"
 
   defp describe(:backoff), do: "{first_ms, max_ms} with 0 <= first_ms <= max_ms and max_ms > 0"
-  defp describe(:any), do: "any term"
   defp describe({:in, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)
 end

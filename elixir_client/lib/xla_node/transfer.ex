@@ -236,7 +236,8 @@ defmodule XlaNode.Transfer do
     do: GenServer.cast(target, {:upload, upload, data})
 
   defp send_chunks(data, target, upload, chunk) do
-    <<head::binary-size(chunk), rest::binary>> = data
+    # whole_bytes/1 made it a binary.
+    {head, rest} = :erlang.split_binary(data, chunk)
     GenServer.cast(target, {:upload, upload, head})
     send_chunks(rest, target, upload, chunk)
   end
