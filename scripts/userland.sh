@@ -17,16 +17,18 @@
 # host's Python (JAX, the suites' counterpart, is installed for it): the host's root is seen at
 # /mnt/host.
 #
-# Needs root (chroot, mounts) and debootstrap (scripts/setup.sh installs it when run as root).
+# Needs root (chroot, mounts) and debootstrap (installed from apt when missing).
 #
 # Usage:
 #   scripts/userland.sh available        exit 0 if this machine can make and enter userlands,
 #                                        else print why not, in one line, and exit 1
 #   scripts/userland.sh make SUITE       make SUITE's userland unless it is there, complete
 #   scripts/userland.sh state SUITE      print "complete", "missing" or "incomplete: WHY"
-#   scripts/userland.sh run SUITE CMD... run CMD inside (made first if needed), from the current
+#   scripts/userland.sh run [--bind DIR]... SUITE CMD...
+#                                        run CMD inside (made first if needed), from the current
 #                                        directory, which must lie in the repository, the data
-#                                        directory or /tmp
+#                                        directory, /tmp or a DIR given with --bind (seen inside
+#                                        at its own path too)
 #   scripts/userland.sh describe SUITE   print "OTP <release> / Elixir <version> (<Debian>)"
 set -euo pipefail
 
@@ -57,9 +59,10 @@ suite_label() {
 suite_packages() {
     case "$1" in
         # erlang-nox: the whole OTP without X (ssl for TLS distribution, inets for the metrics
-        # test's HTTP client); openssl: the TLS test's certificates; procps: kill and pkill.
-        trixie) echo "erlang-nox elixir openssl procps elixir-ex-doc" ;;
-        sid) echo "erlang-nox elixir openssl procps" ;;
+        # test's HTTP client, whose defaults read the system's CA certificates, hence
+        # ca-certificates); openssl: the TLS test's certificates; procps: kill and pkill.
+        trixie) echo "erlang-nox elixir ca-certificates openssl procps elixir-ex-doc" ;;
+        sid) echo "erlang-nox elixir ca-certificates openssl procps" ;;
         *) die "unknown suite $1 (known: trixie, sid)" ;;
     esac
 }
@@ -129,8 +132,8 @@ debian_mirror() {
 why_unavailable() {
     if [ "$(id -u)" -ne 0 ]; then
         echo "they need root (debootstrap, chroot and mounts)"
-    elif ! command -v debootstrap >/dev/null 2>&1; then
-        echo "debootstrap is not installed (scripts/setup.sh installs it when run as root)"
+    elif ! command -v debootstrap >/dev/null 2>&1 && ! command -v apt-get >/dev/null 2>&1; then
+        echo "debootstrap is not installed, and there is no apt-get to install it"
     elif ! command -v unshare >/dev/null 2>&1 || ! command -v chroot >/dev/null 2>&1; then
         echo "unshare or chroot is missing"
     elif [ "$(. /etc/os-release && echo "${ID:-}")" != debian ]; then
@@ -245,6 +248,11 @@ ensure() {
     [ -z "$why" ] || die "cannot make the userlands here: $why"
     lock "$suite" -s
     [ "$(state_of "$root" "$suite")" = complete ] && return 0
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        log "installing debootstrap from apt"
+        quiet apt-get update -qq
+        quiet env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
+    fi
     # Remade under the exclusive lock, once no run is inside it.
     lock "$suite" -x
     state=$(state_of "$root" "$suite")
@@ -256,12 +264,17 @@ ensure() {
 }
 
 # Inside the private mount namespace: mounts what the command needs to see, then chroots.
-#   __enter bare|full ROOT DIR CMD...
+#   __enter bare|full ROOT DIR [BIND:...] CMD...
 # bare: /dev, /proc, /sys and the host's resolver files (for apt while making it); full: also
-# /tmp, the repository, the data directory and the host's root at $host_root.
+# /tmp, the repository, the data directory, the directories in BIND (separated by ":") and the
+# host's root at $host_root.
 enter_inside() {
-    local mode=$1 root=$2 dir=$3
+    local mode=$1 root=$2 dir=$3 binds=()
     shift 3
+    if [ "$mode" = full ]; then
+        IFS=: read -r -a binds <<<"$1"
+        shift
+    fi
     local path
     if [ "$mode" = full ]; then
         mount --rbind / "$root$host_root"
@@ -278,7 +291,7 @@ enter_inside() {
         mount --bind "$path" "$root$path"
     done
     if [ "$mode" = full ]; then
-        for path in /tmp "$repo" "$data"; do
+        for path in /tmp "$repo" "$data" ${binds[@]+"${binds[@]}"}; do
             mkdir -p "$root$path"
             mount --bind "$path" "$root$path"
         done
@@ -301,57 +314,76 @@ EOF
 }
 
 run_in() {
+    local binds=() bind
+    while [ "${1:-}" = --bind ]; do
+        [ $# -ge 2 ] || die "run: --bind needs a directory"
+        [ -d "$2" ] || die "run: --bind $2: not a directory"
+        bind=$(cd "$2" && pwd -P)
+        case "$bind" in
+            *:*) die "run: --bind $bind: a path with a colon cannot be bound" ;;
+        esac
+        binds+=("$bind")
+        shift 2
+    done
+    [ $# -ge 2 ] || die "usage: scripts/userland.sh run [--bind DIR]... SUITE CMD..."
     local suite=$1
     shift
-    [ $# -gt 0 ] || die "run: no command given"
-    local dir
+    local dir seen=false
     dir=$(pwd -P)
-    case "$dir/" in
-        "$repo"/* | "$data"/* | /tmp/*) ;;
-        *) die "run: $dir is not seen inside the userland (run from the repository, $data or /tmp)" ;;
-    esac
+    for bind in /tmp "$repo" "$data" ${binds[@]+"${binds[@]}"}; do
+        case "$dir/" in "$bind"/*) seen=true ;; esac
+    done
+    $seen || die "run: $dir is not seen inside the userland (run from the repository, $data, /tmp or a directory given with --bind)"
     ensure "$suite"
     # The shared lock (fd 9) is held by the command until it ends: no remake under it.
-    unshare --mount --propagation private -- "$self" __enter full "$base/$suite" "$dir" "$@"
+    local joined
+    joined=$(IFS=:; echo "${binds[*]+${binds[*]}}")
+    unshare --mount --propagation private -- "$self" __enter full "$base/$suite" "$dir" "$joined" "$@"
 }
 
 describe() {
     local releases
-    releases=$(run_in "$1" elixir "$repo/scripts/releases.exs" </dev/null)
+    releases=$(cd "$repo" && run_in "$1" elixir scripts/releases.exs </dev/null)
     printf '%s (%s)\n' "$releases" "$(suite_label "$1")"
 }
 
-command=${1:-}
-[ $# -gt 0 ] && shift
-case "$command" in
-    available)
-        why=$(why_unavailable)
-        if [ -n "$why" ]; then
-            echo "$why"
-            exit 1
-        fi
-        ;;
-    make)
-        [ $# -eq 1 ] || die "usage: scripts/userland.sh make SUITE"
-        ensure "$1"
-        ;;
-    state)
-        [ $# -eq 1 ] || die "usage: scripts/userland.sh state SUITE"
-        suite_label "$1" >/dev/null
-        state_of "$base/$1" "$1"
-        ;;
-    run)
-        [ $# -ge 2 ] || die "usage: scripts/userland.sh run SUITE CMD..."
-        run_in "$@"
-        ;;
-    describe)
-        [ $# -eq 1 ] || die "usage: scripts/userland.sh describe SUITE"
-        describe "$1"
-        ;;
-    __enter)
-        enter_inside "$@"
-        ;;
-    *)
-        die "usage: scripts/userland.sh available | make SUITE | state SUITE | run SUITE CMD... | describe SUITE"
-        ;;
-esac
+# Everything runs from here, once bash has read the whole file: a run lasts as long as its
+# command, and a checkout may change this file meanwhile.
+main() {
+    local command=${1:-} why
+    [ $# -gt 0 ] && shift
+    case "$command" in
+        available)
+            why=$(why_unavailable)
+            if [ -n "$why" ]; then
+                echo "$why"
+                exit 1
+            fi
+            ;;
+        make)
+            [ $# -eq 1 ] || die "usage: scripts/userland.sh make SUITE"
+            ensure "$1"
+            ;;
+        state)
+            [ $# -eq 1 ] || die "usage: scripts/userland.sh state SUITE"
+            suite_label "$1" >/dev/null
+            state_of "$base/$1" "$1"
+            ;;
+        run)
+            run_in "$@"
+            ;;
+        describe)
+            [ $# -eq 1 ] || die "usage: scripts/userland.sh describe SUITE"
+            describe "$1"
+            ;;
+        __enter)
+            enter_inside "$@"
+            ;;
+        *)
+            die "usage: scripts/userland.sh available | make SUITE | state SUITE | run [--bind DIR]... SUITE CMD... | describe SUITE"
+            ;;
+    esac
+}
+
+main "$@"
+exit
