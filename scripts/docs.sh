@@ -16,14 +16,26 @@ if ! why=$(scripts/userland.sh available); then
 fi
 scripts/userland.sh make trixie
 
-# Runs `mix docs` for the project in $1 (extra arguments: `--bind DIR` for scripts/userland.sh);
-# fails on any warning.
+# Runs a command from the project directory $project, in the Debian 13 userland, with Mix
+# building for it there; $binds are the `--bind DIR` arguments of scripts/userland.sh it needs.
+project=
+binds=()
+in_userland() {
+    (cd "$project" && "$repo/scripts/userland.sh" run ${binds[@]+"${binds[@]}"} trixie \
+        env MIX_BUILD_ROOT=_build/trixie MIX_ENV=dev "$@" </dev/null 2>&1)
+}
+
+# Compiles $project, then runs `mix docs` there; fails on any warning of ExDoc's. (Compiler
+# warnings are the tests' to catch: the client compiles with --warnings-as-errors, and Nx's own
+# are not ours.)
 build() {
-    local project=$1 output status=0
-    shift
-    output=$(cd "$project" && "$repo/scripts/userland.sh" run "$@" trixie \
-        env MIX_BUILD_ROOT=_build/trixie MIX_ENV=dev mix docs --formatter html </dev/null 2>&1) ||
-        status=$?
+    local output status=0
+    if ! output=$(in_userland mix compile); then
+        printf '%s\n' "$output" >&2
+        echo "docs: $project: does not compile (above)" >&2
+        return 1
+    fi
+    output=$(in_userland mix docs --formatter html) || status=$?
     if [ "$status" -ne 0 ] || grep -qi 'warning' <<<"$output"; then
         printf '%s\n' "$output" >&2
         echo "docs: $project: ExDoc failed or warned (above)" >&2
@@ -32,14 +44,15 @@ build() {
     echo "docs: $project/doc/index.html"
 }
 
-build elixir_client
+project=elixir_client
+build
 
 if [ -n "${NX_PATH:-}" ]; then
-    binds=()
     for dir in "$NX_PATH" "${COMPLEX_PATH:-}" "${TELEMETRY_PATH:-}"; do
         [ -z "$dir" ] || binds+=(--bind "$dir")
     done
-    build elixir_nx "${binds[@]}"
+    project=elixir_nx
+    build
 else
     echo "docs: elixir_nx: not built: Nx is not present (set NX_PATH to a local Nx checkout, with COMPLEX_PATH and TELEMETRY_PATH)"
 fi

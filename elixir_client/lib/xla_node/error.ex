@@ -79,15 +79,30 @@ defmodule XlaNode.Error do
   def nodes_down(nodes, message),
     do: %__MODULE__{kind: :nodedown, reason: {:nodes_down, nodes}, message: message}
 
-  @doc "A `:no_nodes` error: an `XlaNode.Pool` without nodes."
+  @doc """
+  A `:no_nodes` error: an `XlaNode.Pool` without nodes.
+
+      iex> XlaNode.Error.no_nodes("the pool has no nodes") |> Exception.message()
+      "no_nodes: the pool has no nodes"
+  """
   @spec no_nodes(String.t()) :: t()
   def no_nodes(message), do: %__MODULE__{kind: :no_nodes, reason: :no_nodes, message: message}
 
-  @doc "A `:noproc` error: no process to ask (an unknown or stopped `XlaNode.Pool`)."
+  @doc """
+  A `:noproc` error: no process to ask (an unknown or stopped `XlaNode.Pool`).
+
+      iex> XlaNode.Error.noproc("no pool named MyPool").kind
+      :noproc
+  """
   @spec noproc(String.t()) :: t()
   def noproc(message), do: %__MODULE__{kind: :noproc, reason: :noproc, message: message}
 
-  @doc "A `:timeout` error: no answer in time."
+  @doc """
+  A `:timeout` error: no answer in time.
+
+      iex> raise XlaNode.Error.timeout("no reply in 5000 ms")
+      ** (XlaNode.Error) timeout: no reply in 5000 ms
+  """
   @spec timeout(String.t()) :: t()
   def timeout(message), do: %__MODULE__{kind: :timeout, reason: :timeout, message: message}
 

@@ -1,20 +1,20 @@
 defmodule XlaNode.Backend.Scope do
-  @moduledoc """
-  Keeps the node's buffer count bounded in a process that never exits: `XlaNode.Backend.scope/1`.
+  @moduledoc false
 
-  A buffer on the node belongs to the process that made it and goes when that process exits;
-  a long-lived process (a GenServer running eager operations for hours) must free what it no
-  longer needs. BEAM references have no finalizers, so nothing can notice that a tensor became
-  garbage: instead, every buffer this process makes while a scope is open is noted in the
-  process dictionary, and when the scope's function returns, every noted buffer that the
-  returned term does not hold is freed. Scopes nest: what an inner scope returns is noted in the
-  outer one. When the function raises, throws or exits, everything it made is freed.
-
-  Buffers are freed with one `{:free, buffers}` cast to each node holding some (the node each
-  buffer reference names, `node/1`, also for a pool's tensors): no round trip at all. A buffer
-  freed already (`Nx.backend_deallocate/1`) or whose node is down is skipped silently: either
-  way it is gone.
-  """
+  # Keeps the node's buffer count bounded in a process that never exits: `XlaNode.Backend.scope/1`.
+  #
+  # A buffer on the node belongs to the process that made it and goes when that process exits;
+  # a long-lived process (a GenServer running eager operations for hours) must free what it no
+  # longer needs. BEAM references have no finalizers, so nothing can notice that a tensor became
+  # garbage: instead, every buffer this process makes while a scope is open is noted in the
+  # process dictionary, and when the scope's function returns, every noted buffer that the
+  # returned term does not hold is freed. Scopes nest: what an inner scope returns is noted in the
+  # outer one. When the function raises, throws or exits, everything it made is freed.
+  #
+  # Buffers are freed with one `{:free, buffers}` cast to each node holding some (the node each
+  # buffer reference names, `node/1`, also for a pool's tensors): no round trip at all. A buffer
+  # freed already (`Nx.backend_deallocate/1`) or whose node is down is skipped silently: either
+  # way it is gone.
 
   @key {__MODULE__, :made}
 

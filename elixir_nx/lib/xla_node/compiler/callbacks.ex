@@ -1,12 +1,12 @@
 defmodule XlaNode.Compiler.Callbacks do
-  @moduledoc """
-  Serves a compiled program's `runtime_call`s and hooks on the caller's node: turns each
-  callback request into Nx tensors shaped as the expression said, calls the function, checks
-  its result against the output template and replies with the result's binaries (see
-  `XlaNode.CallbackServer` for the protocol). A mismatch, a raise or a throw fails the run with
-  a message that names the callback. Callbacks compute on this node: their tensors are
-  `Nx.BinaryBackend`'s, whatever the default backend is.
-  """
+  @moduledoc false
+
+  # Serves a compiled program's `runtime_call`s and hooks on the caller's node: turns each
+  # callback request into Nx tensors shaped as the expression said, calls the function, checks
+  # its result against the output template and replies with the result's binaries (see
+  # `XlaNode.CallbackServer` for the protocol). A mismatch, a raise or a throw fails the run with
+  # a message that names the callback. Callbacks compute on this node: their tensors are
+  # `Nx.BinaryBackend`'s, whatever the default backend is.
 
   alias Nx.Defn.Composite
   alias XlaNode.Backend.Transfer
