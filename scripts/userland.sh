@@ -24,6 +24,8 @@
 #                                        else print why not, in one line, and exit 1
 #   scripts/userland.sh make SUITE       make SUITE's userland unless it is there, complete
 #   scripts/userland.sh state SUITE      print "complete", "missing" or "incomplete: WHY"
+#   scripts/userland.sh recipe SUITE     print what a complete userland's stamp says (the file
+#                                        etc/xla_node-userland in it)
 #   scripts/userland.sh run [--bind DIR]... SUITE CMD...
 #                                        run CMD inside (made first if needed), from the current
 #                                        directory, which must lie in the repository, the data
@@ -369,6 +371,10 @@ main() {
             suite_label "$1" >/dev/null
             state_of "$base/$1" "$1"
             ;;
+        recipe)
+            [ $# -eq 1 ] || die "usage: scripts/userland.sh recipe SUITE"
+            stamp_text "$1"
+            ;;
         run)
             run_in "$@"
             ;;
@@ -380,7 +386,7 @@ main() {
             enter_inside "$@"
             ;;
         *)
-            die "usage: scripts/userland.sh available | make SUITE | state SUITE | run [--bind DIR]... SUITE CMD... | describe SUITE"
+            die "usage: scripts/userland.sh available | make SUITE | state SUITE | recipe SUITE | run [--bind DIR]... SUITE CMD... | describe SUITE"
             ;;
     esac
 }
