@@ -6,8 +6,8 @@
 # The client's tests and the integration suite run on three Erlang/OTP and Elixir releases: this
 # machine's, and those of two Debian userlands (scripts/userland.sh: Debian 13's OTP 27 / Elixir
 # 1.18, Debian unstable's OTP 29 / Elixir 1.20), whose BEAMs run the same suite, unchanged,
-# against the same node binary. Where this machine cannot make the userlands (not root, no
-# debootstrap), one line says so and the rest runs. The integration suite runs on every release
+# against the same node binary. Where this machine cannot make the userlands (not root, not
+# Debian), one line says so and the rest runs. The integration suite runs on every release
 # even when one fails; its result on each is summed up at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."

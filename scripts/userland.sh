@@ -7,8 +7,9 @@
 # sources name, plus `apt-get install erlang-nox elixir ...` inside, under
 #   ${XDG_DATA_HOME:-~/.local/share}/xla_node/userlands/SUITE
 # and kept. It is made in SUITE.partial and moved into place once complete, with a stamp naming
-# what it holds: a userland without the stamp (or with another recipe's) is half-made, and is
-# removed and made again rather than used. Quiet: prints only what it makes, or why it cannot.
+# what it holds: a userland without the stamp (or with another recipe's, or a package apt left
+# unconfigured) is half made, and is removed and made again rather than used. Quiet: prints only
+# what it makes, or why it cannot.
 #
 # A command runs inside with `chroot`, in a private mount namespace (its mounts vanish with it,
 # however it ends) where the host's /dev, /proc, /sys, /tmp, /etc/hosts, the repository and the
@@ -297,17 +298,19 @@ enter_inside() {
             mkdir -p "$root$path"
             mount --bind "$path" "$root$path"
         done
-        # The host's python3, in the caller's directory and environment.
+        # The host's python3, in the caller's directory and environment (written anew each time,
+        # through a file of this run's own, as another run may be entering too).
+        local wrapper="$root/usr/local/bin/python3.$$"
         mkdir -p "$root/usr/local/bin"
-        cat >"$root/usr/local/bin/python3.new" <<EOF
+        cat >"$wrapper" <<EOF
 #!/bin/sh
 # Written by xla_node's scripts/userland.sh: the host's python3 (JAX, the suites' counterpart, is
 # installed for it), run in the same directory with the same environment.
 PATH="\${XLA_NODE_HOST_PATH:-/usr/local/bin:/usr/bin:/bin}" exec /usr/sbin/chroot $host_root \\
     /bin/sh -c 'cd "\$1" || exit 127; shift; exec python3 "\$@"' python3 "\$(pwd)" "\$@"
 EOF
-        chmod 755 "$root/usr/local/bin/python3.new"
-        mv "$root/usr/local/bin/python3.new" "$root/usr/local/bin/python3"
+        chmod 755 "$wrapper"
+        mv "$wrapper" "$root/usr/local/bin/python3"
     fi
     exec chroot "$root" /usr/bin/env \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
