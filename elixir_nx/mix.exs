@@ -78,8 +78,36 @@ defmodule XlaNodeNx.MixProject do
       version: "0.1.0",
       elixir: "~> 1.17",
       start_permanent: Mix.env() == :prod,
-      elixirc_paths: if(Mix.env() == :test, do: ["lib", "test/support"], else: ["lib"]),
-      deps: deps()
+      elixirc_paths: elixirc_paths(Mix.env()),
+      deps: deps(),
+      name: "xla_node_nx",
+      docs: docs()
+    ]
+  end
+
+  # The tests also run the documentation's examples, with the integration suite's reader of them
+  # (an outside directory must be given as an absolute path).
+  defp elixirc_paths(:test),
+    do: ["lib", "test/support", Path.expand("../integration/test/support/doc_examples", __DIR__)]
+
+  defp elixirc_paths(_), do: ["lib"]
+
+  # HexDocs-style documentation, built by `mix docs` with the ExDoc of Debian 13's elixir-ex-doc
+  # package (scripts/docs.sh runs it where Nx is present); the client's modules link to its
+  # documentation, built beside this one.
+  defp docs do
+    [
+      main: "readme",
+      extras: [
+        "README.md": [filename: "readme", title: "Nx on the node"],
+        "../docs/callbacks.md": [title: "Host callbacks: the protocol"],
+        "../docs/kernels.md": [title: "Native kernels"],
+        "../docs/threading.md": [title: "The threading model"],
+        "../docs/performance.md": [title: "Performance"],
+        "../elixir_client/README.md": [filename: "client", title: "The Elixir client"]
+      ],
+      groups_for_extras: [Guides: ~r{docs/}],
+      deps: [xla_node_client: "../../elixir_client/doc"]
     ]
   end
 

@@ -17,9 +17,10 @@ defmodule XlaNodeIntegration.MixProject do
   end
 
   # Every OTP application the suite uses is declared: since Elixir 1.15 Mix prunes the others
-  # from the code path (:inets is the metrics test's HTTP client).
+  # from the code path (:inets is the metrics test's HTTP client, whose defaults read
+  # :public_key's, an application of :ssl's).
   def application do
-    [extra_applications: [:logger, :crypto, :inets]]
+    [extra_applications: [:logger, :crypto, :inets, :ssl]]
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

@@ -6,12 +6,24 @@ defmodule XlaNode do
   Connect to the node the usual way (same cookie, `Node.connect/1` or just call it: distribution
   connects on first use) and pass its node name as the `server`:
 
-      node = :"xla@gpu-box"
-      {:ok, exe} = XlaNode.compile(node, File.read!("add_one.mlir"))
+      node = :"xla@host"
+
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
+
+      {:ok, exe} = XlaNode.compile(node, mlir)
       x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})
       {:ok, [y]} = XlaNode.run(node, exe, [x])
       XlaNode.Tensor.to_list(y)
       #=> [2.0, 3.0, 4.0, 5.0]
+
+  (Every example in these docs that names `:"xla@host"` runs as shown against a node of that
+  name: the integration suite runs them.)
 
   ## Servers
 
@@ -157,7 +169,25 @@ defmodule XlaNode do
   @doc """
   Like `compile/3` but returns the executable or raises `XlaNode.Error`.
 
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
       exe = XlaNode.compile!(:"xla@host", mlir)
+      true = is_reference(exe)
+
+      kind =
+        try do
+          XlaNode.compile!(:"xla@host", "nonsense")
+        rescue
+          error in XlaNode.Error -> error.kind
+        end
+
+      kind
+      #=> :compile_error
   """
   @spec compile!(server(), iodata(), keyword()) :: executable()
   def compile!(server, mlir, opts \\ []), do: bang(compile(server, mlir, opts))
@@ -215,16 +245,44 @@ defmodule XlaNode do
 
   ## Examples
 
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
+      exe = XlaNode.compile!(:"xla@host", mlir)
       x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})
       {:ok, [y]} = XlaNode.run(:"xla@host", exe, [x])
       XlaNode.Tensor.to_list(y)
       #=> [2.0, 3.0, 4.0, 5.0]
 
+      # The result stays on the node, and is the next run's argument.
       {:ok, [buf]} = XlaNode.run(:"xla@host", exe, [x], keep_on_device: true)
       {:ok, [z]} = XlaNode.run(:"xla@host", exe, [buf])
+      XlaNode.Tensor.to_list(z)
+      #=> [3.0, 4.0, 5.0, 6.0]
 
-      # A training step: new params (results 0 and 1) stay, the loss (2) comes back.
-      {:ok, [w, b, {loss, _}]} = XlaNode.run(:"xla@host", step, [w, b, batch], keep_on_device: [0, 1])
+  A step that updates its parameter and reports a loss: the new parameter (result 0) stays
+  on the node, the loss (result 1) comes back.
+
+      step = \"\"\"
+      func.func @main(%w: tensor<4xf32>, %g: tensor<4xf32>) -> (tensor<4xf32>, tensor<f32>) {
+        %w1 = stablehlo.subtract %w, %g : tensor<4xf32>
+        %zero = stablehlo.constant dense<0.0> : tensor<f32>
+        %loss = stablehlo.reduce(%w1 init: %zero) applies stablehlo.add across dimensions = [0]
+          : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
+        return %w1, %loss : tensor<4xf32>, tensor<f32>
+      }
+      \"\"\"
+      step = XlaNode.compile!(:"xla@host", step)
+      {:ok, w} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32}))
+      g = XlaNode.Tensor.from_list([0.5, 0.5, 0.5, 0.5], {:f, 32})
+      {:ok, [w, loss]} = XlaNode.run(:"xla@host", step, [w, g], keep_on_device: [0])
+      true = is_reference(w)
+      XlaNode.Tensor.to_list(loss)
+      #=> 8.0
   """
   @spec run(server(), executable(), [tensor() | buffer()], keyword()) ::
           {:ok, [tensor() | buffer()]} | error()
@@ -254,7 +312,17 @@ defmodule XlaNode do
   @doc """
   Like `run/4` but returns the list of results or raises `XlaNode.Error`.
 
-      [y] = XlaNode.run!(:"xla@host", exe, [x])
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
+      exe = XlaNode.compile!(:"xla@host", mlir)
+      [y] = XlaNode.run!(:"xla@host", exe, [XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})])
+      XlaNode.Tensor.to_list(y)
+      #=> [2.0, 3.0, 4.0, 5.0]
   """
   @spec run!(server(), executable(), [tensor() | buffer()], keyword()) :: [tensor() | buffer()]
   def run!(server, exe, args, opts \\ []), do: bang(run(server, exe, args, opts))
@@ -270,7 +338,11 @@ defmodule XlaNode do
   (default: the caller).
 
       {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      {:ok, %{shape: {{:s, 64}, [2]}, device: 0}} = XlaNode.describe(:"xla@host", buf)
+
+      # On a node with several devices (--pjrt-option cpu_device_count=4 for XLA's CPU):
       {:ok, on_2} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}), device: 2)
+      {:ok, %{device: 2}} = XlaNode.describe(:"xla@host", on_2)
   """
   @spec to_device(server(), tensor(), keyword()) :: {:ok, buffer()} | error()
   def to_device(server, tensor, opts \\ []) do
@@ -294,6 +366,7 @@ defmodule XlaNode do
   Like `to_device/3` but returns the buffer or raises `XlaNode.Error`.
 
       buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.scalar(1.0, {:f, 32}))
+      true = is_reference(buf)
   """
   @spec to_device!(server(), tensor(), keyword()) :: buffer()
   def to_device!(server, tensor, opts \\ []), do: bang(to_device(server, tensor, opts))
@@ -304,7 +377,10 @@ defmodule XlaNode do
   A tensor of any size: one larger than a chunk comes back in chunks (see `XlaNode.Transfer`).
   Options: `:timeout` (default `60_000`).
 
+      {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       {:ok, tensor} = XlaNode.read(:"xla@host", buf)
+      XlaNode.Tensor.to_list(tensor)
+      #=> [1, 2]
   """
   @spec read(server(), buffer(), keyword()) :: {:ok, tensor()} | error()
   def read(server, buffer, opts \\ []),
@@ -313,6 +389,7 @@ defmodule XlaNode do
   @doc """
   Like `read/3` but returns the tensor or raises `XlaNode.Error`.
 
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       [1, 2] = buf |> then(&XlaNode.read!(:"xla@host", &1)) |> XlaNode.Tensor.to_list()
   """
   @spec read!(server(), buffer(), keyword()) :: tensor()
@@ -323,6 +400,7 @@ defmodule XlaNode do
 
   Options: `:timeout` (default `60_000`).
 
+      {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       :ok = XlaNode.free(:"xla@host", buf)
       {:error, %XlaNode.Error{kind: :argument_error}} = XlaNode.free(:"xla@host", buf)
   """
@@ -345,6 +423,8 @@ defmodule XlaNode do
   own) are skipped. The frees this process noted with `free_later/1` go in the same casts.
   Always `:ok`.
 
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      exe = XlaNode.compile!(:"xla@host", "func.func @main(%x: tensor<f32>) -> tensor<f32> { return %x : tensor<f32> }")
       :ok = XlaNode.free_all([buf, exe])
   """
   @spec free_all([reference()]) :: :ok
@@ -368,10 +448,13 @@ defmodule XlaNode do
 
   Returns `:ok`, or `:already_noted` when this process noted `ref` already (among the last
   1024 it noted). As with `free_all/1`, a reference the node has not got is skipped. Another
-  process may see the buffer on the node until the free leaves (`XlaNode.Frees`).
+  process may see the buffer on the node until the free leaves.
 
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
       :ok = XlaNode.free_later(buf)
       :already_noted = XlaNode.free_later(buf)
+      # Freed on the node before this ping, in the same message stream.
+      :pong = XlaNode.ping(:"xla@host")
   """
   @spec free_later(executable() | buffer()) :: :ok | :already_noted
   def free_later(ref) when is_reference(ref), do: XlaNode.Frees.note(ref)
@@ -385,7 +468,8 @@ defmodule XlaNode do
   @doc """
   Like `free/3` but returns `:ok` or raises `XlaNode.Error`.
 
-      :ok = XlaNode.free!(:"xla@host", exe)
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      :ok = XlaNode.free!(:"xla@host", buf)
   """
   @spec free!(server(), executable() | buffer(), keyword()) :: :ok
   def free!(server, ref, opts \\ []) do
@@ -501,7 +585,8 @@ defmodule XlaNode do
 
   Options: `:timeout` (default `60_000`).
 
-      {:ok, %{platform: "cpu", devices: devices}} = XlaNode.info(:"xla@host")
+      {:ok, %{platform: "cpu", devices: [_ | _] = devices}} = XlaNode.info(:"xla@host")
+      true = Enum.all?(devices, &is_binary/1)
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))
@@ -517,9 +602,26 @@ defmodule XlaNode do
 
   Options: `:timeout` (default `60_000`).
 
+      {:ok, exe} = XlaNode.compile(:"xla@host", "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { return %x : tensor<4xf32> }")
+      {:ok, %{parameters: [{{:f, 32}, [4]}], results: [{{:f, 32}, [4]}], devices: []}} =
+        XlaNode.describe(:"xla@host", exe)
+
+      {:ok, buf} = XlaNode.to_device(:"xla@host", XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32}))
+      {:ok, %{shape: {{:f, 32}, [2]}, device: 0}} = XlaNode.describe(:"xla@host", buf)
+
+  A program split over two devices (of a node with several), each device's shard:
+
+      mlir = \"\"\"
+      module @split attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+        func.func @main(%x: tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]0,1}"})
+            -> (tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]0,1}"}) {
+          %y = stablehlo.add %x, %x : tensor<4x2xf32>
+          return %y : tensor<4x2xf32>
+        }
+      }
+      \"\"\"
       {:ok, exe} = XlaNode.compile(:"xla@host", mlir, devices: [0, 1])
       {:ok, %{results: [{{:f, 32}, [2, 2]}], devices: [0, 1]}} = XlaNode.describe(:"xla@host", exe)
-      {:ok, %{shape: {{:f, 32}, [4]}, device: 2}} = XlaNode.describe(:"xla@host", buf_on_2)
   """
   @spec describe(server(), executable() | buffer(), keyword()) :: {:ok, map()} | error()
   def describe(server, ref, opts \\ []) do
@@ -535,7 +637,7 @@ defmodule XlaNode do
   @doc """
   Loads a native kernel on a running node: the XLA FFI handler that the shared library `path`
   exports as `symbol` then serves `stablehlo.custom_call @target(...)` in every program the node
-  compiles, for every client. See `docs/kernels.md` for writing and building one.
+  compiles, for every client. See [Native kernels](kernels.md) for writing and building one.
 
   The node must have been started with `--kernel-dir DIR`, and `path` must lie under such a
   directory (a relative `path` is taken relative to it); otherwise the load is refused with an
@@ -552,9 +654,16 @@ defmodule XlaNode do
       node's `--kernel-version-shim` says (off).
     * `:timeout` - milliseconds or `:infinity` (default `60_000`)
 
-      :ok = XlaNode.load_kernel(node, "my_softplus", "libmy_kernels.so", "MySoftplus")
+  For example, on a node started with `--kernel-dir /opt/kernels`:
+
+      :ok = XlaNode.load_kernel(:"xla@host", "my_add_scaled", "libmy_kernels.so", "AddScaled")
+      # Again: the same kernel, already loaded.
+      :ok = XlaNode.load_kernel(:"xla@host", "my_add_scaled", "libmy_kernels.so", "AddScaled")
+
       {:error, %XlaNode.Error{kind: :kernel_error, message: message}} =
-        XlaNode.load_kernel(node, "my_op", "libnew.so", "MyOp")
+        XlaNode.load_kernel(:"xla@host", "my_op", "/elsewhere/libnew.so", "MyOp")
+      message =~ "no such library: /elsewhere/libnew.so"
+      #=> true
   """
   @spec load_kernel(server(), String.t() | atom(), Path.t(), String.t() | atom(), keyword()) ::
           :ok | error()
@@ -579,6 +688,8 @@ defmodule XlaNode do
 
   @doc """
   Like `load_kernel/5` but returns `:ok` or raises `XlaNode.Error`.
+
+      :ok = XlaNode.load_kernel!(:"xla@host", "my_add_scaled", "libmy_kernels.so", "AddScaled")
   """
   @spec load_kernel!(server(), String.t() | atom(), Path.t(), String.t() | atom(), keyword()) ::
           :ok

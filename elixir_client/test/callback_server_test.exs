@@ -5,6 +5,8 @@ defmodule XlaNode.CallbackServerTest do
 
   alias XlaNode.{CallbackServer, Tensor}
 
+  doctest XlaNode.CallbackServer
+
   # What the node sends: {:exla_runtime_call, id, args, {pid, ref}}; the reply comes back to pid
   # as {ref, reply}.
   defp call_back(server, id, args) do

@@ -24,8 +24,11 @@ defmodule XlaNode.ErrorTest do
 
     assert %Error{kind: :bad_request, message: "x"} = Error.from_reason({:bad_request, "x"})
 
-    assert %Error{kind: :argument_error, message: "'abc'"} =
+    assert %Error{kind: :argument_error, message: "abc"} =
              Error.from_reason({:argument_error, ~c"abc"})
+
+    assert %Error{kind: :argument_error, message: "{1, 2}"} =
+             Error.from_reason({:argument_error, {1, 2}})
 
     assert %Error{kind: :bad_reply, reason: {1, 2, 3}} = Error.from_reason({1, 2, 3})
   end

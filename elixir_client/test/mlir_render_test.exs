@@ -90,7 +90,12 @@ defmodule XlaNode.MLIR.RenderTest do
   test "a value of a function already built is refused" do
     assert_raise ArgumentError, ~r/belongs to another function/, fn ->
       M.module(fn ->
-        leaked = M.function("helper", [{@f32, []}], fn [x] -> send(self(), {:leaked, x}) && x end)
+        leaked =
+          M.function("helper", [{@f32, []}], fn [x] ->
+            send(self(), {:leaked, x})
+            x
+          end)
+
         assert_received {:leaked, x}
         M.function("main", [], fn [] -> x end)
         leaked

@@ -5,6 +5,8 @@ defmodule XlaNode.MLIRTest do
 
   doctest XlaNode.MLIR
   doctest XlaNode.MLIR.CPUFaults
+  doctest XlaNode.MLIR.Value
+  doctest XlaNode.MLIR.Func
 
   @f32 {:f, 32}
 
@@ -28,7 +30,12 @@ defmodule XlaNode.MLIRTest do
         M.runtime_call(cb, :my_id, [x], [{@f32, [4]}])
       end)
 
-    id = :erlang.term_to_binary(:my_id)
+    # Encoded as every release since OTP 26 encodes it (SMALL_ATOM_UTF8_EXT), on OTP 25 too: the
+    # same program text from every release.
+    id = <<131, 119, 5, "my_id">>
+    assert id == :erlang.term_to_binary(:my_id, minor_version: 2)
+    <<word::signed-native-64>> = id
+    assert text =~ "callback_id = array<i64: #{word}>"
     assert text =~ ~s(call_target_name = "exla_runtime_callback")
     assert text =~ "has_side_effect = true"
     assert text =~ "callback_id_size = #{byte_size(id)} : ui64"

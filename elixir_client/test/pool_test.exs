@@ -10,6 +10,7 @@ defmodule XlaNode.PoolTest do
   alias XlaNode.Pool.{Effects, Executable, Relay}
 
   doctest XlaNode.Pool.Effects
+  doctest XlaNode.Pool
 
   @add_one """
   func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {

@@ -115,8 +115,8 @@ defmodule XlaNode.TransferTest do
          %{node: node, x: x, zeros: zeros} do
       {:ok, exe} = XlaNode.compile(node.name, @add_u8_halves, devices: [1, 2])
       half = div(@n, 2)
-      <<x1::binary-size(half), x2::binary>> = x
-      <<z1::binary-size(half), z2::binary>> = zeros
+      {x1, x2} = :erlang.split_binary(x, half)
+      {z1, z2} = :erlang.split_binary(zeros, half)
       halves = fn data -> {data, {{:u, 8}, [half]}} end
 
       assert {:ok, [[{^x1, _}], [{^x2, _}]]} =

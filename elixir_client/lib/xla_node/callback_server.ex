@@ -54,6 +54,9 @@ defmodule XlaNode.CallbackServer do
 
   ## Example
 
+  A program whose `main` calls back into Elixir for `:double` (see
+  `XlaNode.MLIR.runtime_call/4`), run on the node `:"xla@host"`:
+
       {:ok, cb} =
         XlaNode.CallbackServer.start_link(%{
           double: fn [{bin, {{:f, 32}, dims}}] ->
@@ -62,7 +65,20 @@ defmodule XlaNode.CallbackServer do
           end
         })
 
-      {:ok, [y]} = XlaNode.run(node, exe, [x], callback_server: cb)
+      mlir =
+        XlaNode.MLIR.module(fn ->
+          XlaNode.MLIR.function("main", [{{:u, 8}, [8]}, {{:f, 32}, [3]}], fn [handle, x] ->
+            [y] = XlaNode.MLIR.runtime_call(handle, :double, [x], [{{:f, 32}, [3]}])
+            XlaNode.MLIR.add(y, x)
+          end)
+        end)
+
+      exe = XlaNode.compile!(:"xla@host", mlir)
+      x = XlaNode.Tensor.from_list([1.0, 2.0, 3.0], {:f, 32})
+      # The node supplies the callback handle (the first parameter) itself.
+      {:ok, [y]} = XlaNode.run(:"xla@host", exe, [x], callback_server: cb)
+      XlaNode.Tensor.to_list(y)
+      #=> [3.0, 6.0, 9.0]
   """
 
   use GenServer
@@ -102,9 +118,15 @@ defmodule XlaNode.CallbackServer do
   @doc """
   Starts a callback server linked to the caller.
 
-      {:ok, cb} = XlaNode.CallbackServer.start_link(fn _id, [x] -> {:ok, [x]} end)
-      {:ok, _} = XlaNode.CallbackServer.start_link(%{id: &my_fun/1}, name: MyCallbacks,
-                                                   outfeed: self())
+      iex> {:ok, cb} = XlaNode.CallbackServer.start_link(fn _id, [x] -> {:ok, [x]} end)
+      iex> is_pid(cb)
+      true
+      iex> callbacks = %{echo: fn args -> {:ok, args} end}
+      iex> {:ok, _} = XlaNode.CallbackServer.start_link(callbacks, name: MyCallbacks, outfeed: self())
+      iex> is_pid(Process.whereis(MyCallbacks))
+      true
+      iex> XlaNode.CallbackServer.start_link(callbacks, outfeed: :nowhere, timeout: 5)
+      ** (ArgumentError) XlaNode.CallbackServer.start_link/2: unknown option :timeout; valid options: :debug, :hibernate_after, :name, :outfeed, :spawn_opt
   """
   @spec start_link(callbacks(), [option()]) :: GenServer.on_start()
   def start_link(callbacks, opts \\ []) do
@@ -115,7 +137,9 @@ defmodule XlaNode.CallbackServer do
   @doc """
   Like `start_link/2` but without a link.
 
-      {:ok, cb} = XlaNode.CallbackServer.start(fn _id, args -> {:ok, args} end)
+      iex> {:ok, cb} = XlaNode.CallbackServer.start(fn _id, args -> {:ok, args} end)
+      iex> Process.info(self(), :links) |> elem(1) |> Enum.member?(cb)
+      false
   """
   @spec start(callbacks(), [option()]) :: GenServer.on_start()
   def start(callbacks, opts \\ []) do
@@ -127,7 +151,11 @@ defmodule XlaNode.CallbackServer do
   A child spec, for `{XlaNode.CallbackServer, callbacks}` or
   `{XlaNode.CallbackServer, {callbacks, opts}}` in a supervisor.
 
-      children = [{XlaNode.CallbackServer, {%{double: &double/1}, name: MyCallbacks}}]
+      iex> double = fn [x] -> {:ok, [x <> x]} end
+      iex> children = [{XlaNode.CallbackServer, {%{double: double}, name: MySupervisedCallbacks}}]
+      iex> {:ok, _supervisor} = Supervisor.start_link(children, strategy: :one_for_one)
+      iex> is_pid(Process.whereis(MySupervisedCallbacks))
+      true
   """
   @spec child_spec(callbacks() | {callbacks(), [option()]}) :: Supervisor.child_spec()
   def child_spec({callbacks, opts}) do
@@ -144,7 +172,12 @@ defmodule XlaNode.CallbackServer do
   @doc """
   Registers (or replaces) the callback for `id`. Only for servers started with a map.
 
-      :ok = XlaNode.CallbackServer.put_callback(cb, :triple, fn [x] -> {:ok, [x]} end)
+      iex> {:ok, cb} = XlaNode.CallbackServer.start_link(%{})
+      iex> XlaNode.CallbackServer.put_callback(cb, :echo, fn [x] -> {:ok, [x]} end)
+      :ok
+      iex> {:ok, any_id} = XlaNode.CallbackServer.start_link(fn _id, args -> {:ok, args} end)
+      iex> XlaNode.CallbackServer.put_callback(any_id, :echo, fn [x] -> {:ok, [x]} end)
+      {:error, :not_a_map}
   """
   @spec put_callback(GenServer.server(), term(), callback()) :: :ok | {:error, :not_a_map}
   def put_callback(server, id, fun) when is_function(fun, 1) or is_function(fun, 2),
@@ -155,7 +188,13 @@ defmodule XlaNode.CallbackServer do
   the infeed's shape. If the program is already waiting for one, it gets it at once. Values are
   consumed in the order they were pushed.
 
-      :ok = XlaNode.CallbackServer.push_infeed(cb, [<<1.0::float-little-32>>])
+      iex> {:ok, cb} = XlaNode.CallbackServer.start_link(%{})
+      iex> XlaNode.CallbackServer.push_infeed(cb, [XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32})])
+      :ok
+      iex> XlaNode.CallbackServer.push_infeed(cb, [<<3.0::float-little-32, 4.0::float-little-32>>])
+      :ok
+      iex> XlaNode.CallbackServer.infeed_status(cb)
+      %{queued: 2, waiting: 0}
   """
   @spec push_infeed(GenServer.server(), [binary() | Tensor.t()]) :: :ok
   def push_infeed(server, values) when is_list(values),
@@ -164,7 +203,9 @@ defmodule XlaNode.CallbackServer do
   @doc """
   How many values are queued for infeed and how many infeed requests are waiting for one.
 
-      %{queued: 0, waiting: 0} = XlaNode.CallbackServer.infeed_status(cb)
+      iex> {:ok, cb} = XlaNode.CallbackServer.start_link(%{})
+      iex> XlaNode.CallbackServer.infeed_status(cb)
+      %{queued: 0, waiting: 0}
   """
   @spec infeed_status(GenServer.server()) :: %{
           queued: non_neg_integer(),

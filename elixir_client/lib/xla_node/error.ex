@@ -81,23 +81,42 @@ defmodule XlaNode.Error do
   def nodes_down(nodes, message),
     do: %__MODULE__{kind: :nodedown, reason: {:nodes_down, nodes}, message: message}
 
-  @doc "A `:no_nodes` error: an `XlaNode.Pool` without nodes."
+  @doc """
+  A `:no_nodes` error: an `XlaNode.Pool` without nodes.
+
+      iex> XlaNode.Error.no_nodes("the pool has no nodes") |> Exception.message()
+      "no_nodes: the pool has no nodes"
+  """
   @spec no_nodes(String.t()) :: t()
   def no_nodes(message), do: %__MODULE__{kind: :no_nodes, reason: :no_nodes, message: message}
 
-  @doc "A `:noproc` error: no process to ask (an unknown or stopped `XlaNode.Pool`)."
+  @doc """
+  A `:noproc` error: no process to ask (an unknown or stopped `XlaNode.Pool`).
+
+      iex> XlaNode.Error.noproc("no pool named MyPool").kind
+      :noproc
+  """
   @spec noproc(String.t()) :: t()
   def noproc(message), do: %__MODULE__{kind: :noproc, reason: :noproc, message: message}
 
-  @doc "A `:timeout` error: no answer in time."
+  @doc """
+  A `:timeout` error: no answer in time.
+
+      iex> raise XlaNode.Error.timeout("no reply in 5000 ms")
+      ** (XlaNode.Error) timeout: no reply in 5000 ms
+  """
   @spec timeout(String.t()) :: t()
   def timeout(message), do: %__MODULE__{kind: :timeout, reason: :timeout, message: message}
 
   @doc """
-  Builds an error from what the node sent after `:error` (`{kind, message}`).
+  Builds an error from what the node sent after `:error` (`{kind, message}`). A message that is
+  a charlist (an Erlang string) becomes its text; any other term is inspected.
 
       iex> XlaNode.Error.from_reason({:compile_error, "bad MLIR"})
       %XlaNode.Error{kind: :compile_error, message: "bad MLIR", reason: {:compile_error, "bad MLIR"}}
+
+      iex> XlaNode.Error.from_reason({:argument_error, ~c"bad shape"}).message
+      "bad shape"
 
       iex> XlaNode.Error.from_reason(:weird).kind
       :bad_reply
@@ -106,8 +125,14 @@ defmodule XlaNode.Error do
   def from_reason({kind, message} = reason) when is_atom(kind) and is_binary(message),
     do: %__MODULE__{kind: kind, message: message, reason: reason}
 
-  def from_reason({kind, message} = reason) when is_atom(kind),
-    do: %__MODULE__{kind: kind, message: inspect(message), reason: reason}
+  def from_reason({kind, message} = reason) when is_atom(kind) do
+    text =
+      if is_list(message) and :io_lib.printable_unicode_list(message),
+        do: List.to_string(message),
+        else: inspect(message)
+
+    %__MODULE__{kind: kind, message: text, reason: reason}
+  end
 
   def from_reason(reason),
     do: %__MODULE__{

@@ -3,27 +3,27 @@ defmodule XlaNode.Frees do
   @most_pending 256
   @remembered 1024
 
-  @moduledoc """
-  Frees that cost no message of their own: `XlaNode.free_later/1`.
+  @moduledoc false
 
-  A free noted here leaves with the process's next request to a node (`XlaNode.free_all/1`, or
-  any call this client makes), as one `{:free, refs}` cast to each node holding some, sent just
-  before it, so that the node frees it in order with the requests around it. Freeing a training
-  step's old params one tensor at a time (`Nx.backend_deallocate/1` does) then costs the step
-  one message, not one per tensor.
-
-  A process that sends nothing more soon does not keep them: the first free a process notes
-  after sending its last ones asks this server to send them #{@delay_ms} ms later, if the
-  process has not by then (a loop freeing a container's tensors takes far less); so do
-  #{@most_pending} frees noted without a request between, and the exit of the process.
-
-  The notes live in a public ETS table keyed by the noting process, so that this server can send
-  a process's frees for it, even once it is gone. Either side takes a process's notes with one
-  `:ets.take/2`, so each free is sent once (and a free the node gets twice is skipped anyway).
-  Each process also remembers the last #{@remembered} references it noted, to say
-  `:already_noted` for those. Without this server (the client's application not started), a free
-  is sent at once.
-  """
+  # Frees that cost no message of their own: `XlaNode.free_later/1`.
+  #
+  # A free noted here leaves with the process's next request to a node (`XlaNode.free_all/1`, or
+  # any call this client makes), as one `{:free, refs}` cast to each node holding some, sent just
+  # before it, so that the node frees it in order with the requests around it. Freeing a training
+  # step's old params one tensor at a time (`Nx.backend_deallocate/1` does) then costs the step
+  # one message, not one per tensor.
+  #
+  # A process that sends nothing more soon does not keep them: the first free a process notes
+  # after sending its last ones asks this server to send them 1 ms later (@delay_ms), if the
+  # process has not by then (a loop freeing a container's tensors takes far less); so do
+  # 256 frees noted (@most_pending) without a request between, and the exit of the process.
+  #
+  # The notes live in a public ETS table keyed by the noting process, so that this server can send
+  # a process's frees for it, even once it is gone. Either side takes a process's notes with one
+  # `:ets.take/2`, so each free is sent once (and a free the node gets twice is skipped anyway).
+  # Each process also remembers the last 1024 references (@remembered) it noted, to say
+  # `:already_noted` for those. Without this server (the client's application not started), a free
+  # is sent at once.
 
   use GenServer
 

@@ -192,7 +192,6 @@ defmodule XlaNode.Options do
     do: "nil or an atom without \"@\" (it must not read as a node name)"
 
   defp describe(:backoff), do: "{first_ms, max_ms} with 0 <= first_ms <= max_ms and max_ms > 0"
-  defp describe(:any), do: "any term"
   defp describe(:string), do: "a non-empty string"
   defp describe({:check, description, _fun}), do: description
   defp describe({:in, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)

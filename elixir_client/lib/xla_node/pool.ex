@@ -4,13 +4,22 @@ defmodule XlaNode.Pool do
   finish first, and a run whose node goes down finishes on another.
 
       children = [
-        {XlaNode.Pool, name: MyApp.XLA, nodes: [:"xla@gpu1", :"xla@gpu2", :"xla@gpu3"]}
+        {XlaNode.Pool, name: MyApp.XLA, nodes: [:"xla1@host", :"xla2@host"]}
       ]
 
-      Supervisor.start_link(children, strategy: :one_for_one)
+      {:ok, _supervisor} = Supervisor.start_link(children, strategy: :one_for_one)
 
+      mlir = \"\"\"
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+        %r = stablehlo.add %x, %one : tensor<4xf32>
+        return %r : tensor<4xf32>
+      }
+      \"\"\"
       exe = XlaNode.compile!(MyApp.XLA, mlir)
-      [y] = XlaNode.run!(MyApp.XLA, exe, [x])
+      [y] = XlaNode.run!(MyApp.XLA, exe, [XlaNode.Tensor.from_list([1.0, 2.0, 3.0, 4.0], {:f, 32})])
+      XlaNode.Tensor.to_list(y)
+      #=> [2.0, 3.0, 4.0, 5.0]
 
   Every `XlaNode` function that takes a node takes a pool instead (its name, or its pid):
   `compile/3`, `run/4`, `to_device/3`, `read/3`, `free/3` and their bang variants, `info/2`
@@ -121,7 +130,7 @@ defmodule XlaNode.Pool do
 
   A run's callbacks go to its `callback_server:` wherever the run lands. When a program that
   calls back may be re-sent, each attempt names its own relay process
-  (`XlaNode.Pool.Relay`) as the callback server: it forwards to the caller's server and tells
+  as the callback server: it forwards to the caller's server and tells
   whether a callback fired, and it is closed before the run is re-sent, so that a late request
   of the attempt that died is never served.
 
@@ -202,7 +211,12 @@ defmodule XlaNode.Pool do
     * `:launch_backoff` - `{first_ms, max_ms}`: how long after a failed start the next one
       may begin, doubling with each failure in a row (default `{1_000, 30_000}`)
 
-      {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla@host1", :"xla@host2"])
+  A pool takes calls at once: they wait for its nodes' first connection.
+
+      {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla1@host", :"xla2@host"])
+      :pong = XlaNode.ping(pool)
+
+  A pool with no nodes of its own starts them when calls come:
 
       {:ok, pool} =
         XlaNode.Pool.start_link(
@@ -222,6 +236,9 @@ defmodule XlaNode.Pool do
   @doc """
   A child spec: `{XlaNode.Pool, name: MyPool, nodes: [...]}` in a supervisor. Its id is the
   pool's name.
+
+      iex> XlaNode.Pool.child_spec(name: MyPool, nodes: [:"xla1@host"])
+      %{id: MyPool, start: {XlaNode.Pool, :start_link, [[name: MyPool, nodes: [:"xla1@host"]]]}}
   """
   @spec child_spec([option()]) :: Supervisor.child_spec()
   def child_spec(opts) do
@@ -231,25 +248,34 @@ defmodule XlaNode.Pool do
   @doc """
   Where the pool's nodes stand:
 
-      %{
-        pool: MyPool,
-        programs: 2,
-        in_flight: 0,
-        runs: 300,
-        errors: 0,
-        failures: 1,
-        retries: 1,
-        nodes: [
-          %{node: :"xla@host1", status: :up, in_flight: 0, runs: 151, errors: 0, failures: 0,
-            retries: 0, recent_run_us: 812, executables: 2, platform: "cpu", last_error: nil,
-            devices: [
-              %{device: 0, name: "cpu:0", in_flight: 0, runs: 38},
-              %{device: 1, name: "cpu:1", in_flight: 0, runs: 37},
-              ...
-            ]},
+      {:ok, _} = XlaNode.Pool.start_link(name: MyPool, nodes: [:"xla1@host", :"xla2@host"])
+      :pong = XlaNode.ping(MyPool)
+      %{pool: MyPool, programs: 0, nodes: [%{node: :"xla1@host"}, %{node: :"xla2@host"}]} =
+        XlaNode.Pool.status(MyPool)
+
+  A pool that has run 300 times, on two nodes of several devices each, says for instance:
+
+  ```text
+  %{
+    pool: MyPool,
+    programs: 2,
+    in_flight: 0,
+    runs: 300,
+    errors: 0,
+    failures: 1,
+    retries: 1,
+    nodes: [
+      %{node: :"xla@host1", status: :up, in_flight: 0, runs: 151, errors: 0, failures: 0,
+        retries: 0, recent_run_us: 812, executables: 2, platform: "cpu", last_error: nil,
+        devices: [
+          %{device: 0, name: "cpu:0", in_flight: 0, runs: 38},
+          %{device: 1, name: "cpu:1", in_flight: 0, runs: 37},
           ...
-        ]
-      }
+        ]},
+      ...
+    ]
+  }
+  ```
 
   Per node: `status` (`:up`; `:connecting`, `:checking` while it (re)joins; `:down`;
   `:stopping` while a node the pool started is drained before it stops),
@@ -279,8 +305,9 @@ defmodule XlaNode.Pool do
   @doc """
   Whether `server` is a running pool (a name or a pid).
 
+      {:ok, _} = XlaNode.Pool.start_link(name: MyPool, nodes: [:"xla1@host"])
       true = XlaNode.Pool.pool?(MyPool)
-      false = XlaNode.Pool.pool?(:"xla@host")
+      false = XlaNode.Pool.pool?(:"xla1@host")
   """
   @spec pool?(term()) :: boolean()
   def pool?(server), do: match?({:pool, _}, route(server, nil))
@@ -288,6 +315,9 @@ defmodule XlaNode.Pool do
   @doc """
   The pool's nodes, up or not, in the order they were given. Raises `XlaNode.Error` (kind
   `:noproc`) for an unknown pool.
+
+      {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla1@host", :"xla2@host"])
+      [:"xla1@host", :"xla2@host"] = XlaNode.Pool.nodes(pool)
   """
   @spec nodes(t()) :: [node()]
   def nodes(pool) do
@@ -300,6 +330,12 @@ defmodule XlaNode.Pool do
   @doc """
   Adds a node to the pool; it gets work once it answers `:info`. Adding a node the pool has is
   `:ok`.
+
+      {:ok, pool} = XlaNode.Pool.start_link(nodes: [])
+      :ok = XlaNode.Pool.add_node(pool, :"xla1@host")
+      :ok = XlaNode.Pool.add_node(pool, :"xla1@host")
+      [:"xla1@host"] = XlaNode.Pool.nodes(pool)
+      :pong = XlaNode.ping(pool)
   """
   @spec add_node(t(), node()) :: :ok
   def add_node(pool, node) do
@@ -311,6 +347,10 @@ defmodule XlaNode.Pool do
   Removes a node from the pool: no new runs go there, the pool's executables there are freed;
   runs in flight there finish. A node the pool started is stopped (and another started where
   `:min` asks for it).
+
+      {:ok, pool} = XlaNode.Pool.start_link(nodes: [:"xla1@host", :"xla2@host"])
+      :ok = XlaNode.Pool.remove_node(pool, :"xla2@host")
+      [:"xla1@host"] = XlaNode.Pool.nodes(pool)
   """
   @spec remove_node(t(), node()) :: :ok
   def remove_node(pool, node), do: pool_call!(pool, {:remove_node, node})

@@ -53,6 +53,13 @@ defmodule XlaNode.Telemetry do
   @doc """
   Every event this library emits, for `:telemetry.attach_many/4`.
 
+      iex> [:xla_node, :run, :stop] in XlaNode.Telemetry.events()
+      true
+      iex> length(XlaNode.Telemetry.events())
+      9
+
+  In an application with `:telemetry`:
+
       :telemetry.attach_many("my-handler", XlaNode.Telemetry.events(), &MyApp.handle/4, nil)
   """
   @spec events() :: [[atom()]]
@@ -69,6 +76,9 @@ defmodule XlaNode.Telemetry do
   Runs `fun` inside a `[:xla_node, op]` span when `:telemetry` is loaded, and just runs it
   otherwise. `fun` returns `{result, stop_metadata}`, as for `:telemetry.span/3`; the result is
   returned.
+
+      iex> XlaNode.Telemetry.span(:compile, %{node: nil}, fn -> {{:ok, :exe}, %{error: nil}} end)
+      {:ok, :exe}
   """
   @spec span(atom() | [atom()], map(), (-> {result, map()})) :: result when result: term()
   def span(op, metadata, fun) do
@@ -95,6 +105,11 @@ defmodule XlaNode.Telemetry do
   @doc """
   `metadata` for the `:stop` event of a span that ended with `result`: with `error`, `nil` for
   `{:ok, _}`, the reason for `{:error, reason}`.
+
+      iex> XlaNode.Telemetry.stop_metadata(%{node: :"xla@host"}, {:ok, :exe})
+      %{node: :"xla@host", error: nil}
+      iex> XlaNode.Telemetry.stop_metadata(%{}, {:error, :timeout})
+      %{error: :timeout}
   """
   @spec stop_metadata(map(), {:ok, term()} | {:error, term()}) :: map()
   def stop_metadata(metadata, {:ok, _}), do: Map.put(metadata, :error, nil)
@@ -103,9 +118,15 @@ defmodule XlaNode.Telemetry do
   @doc """
   The node a `GenServer` server term lives on, as far as the term says: `nil` for `{:global, _}`
   and `{:via, _, _}`.
+
+      iex> XlaNode.Telemetry.node_of({:xla, :"xla@host"})
+      :"xla@host"
+      iex> XlaNode.Telemetry.node_of({:global, :xla})
+      nil
   """
   @spec node_of(GenServer.server()) :: node() | nil
   def node_of(pid) when is_pid(pid), do: node(pid)
+  def node_of({:global, _name}), do: nil
   def node_of({name, node}) when is_atom(name) and is_atom(node), do: node
   def node_of(name) when is_atom(name), do: node()
   def node_of(_server), do: nil

@@ -527,11 +527,15 @@ defmodule XlaNode.Tensor do
 
   defp decode(binary, {:pred, 8}), do: for(<<b <- binary>>, do: if(b == 0, do: 0, else: 1))
 
-  defp decode(binary, {:s, bits}),
-    do: for(<<v::signed-little-size(bits) <- binary>>, do: v)
+  # One clause per width: a literal size reads the same on every Elixir release (a variable
+  # bound outside the generator needs a pin from Elixir 1.20 on, which 1.14 refuses).
+  for bits <- [2, 4, 8, 16, 32, 64] do
+    defp decode(binary, {:s, unquote(bits)}),
+      do: for(<<v::signed-little-size(unquote(bits)) <- binary>>, do: v)
 
-  defp decode(binary, {:u, bits}),
-    do: for(<<v::unsigned-little-size(bits) <- binary>>, do: v)
+    defp decode(binary, {:u, unquote(bits)}),
+      do: for(<<v::unsigned-little-size(unquote(bits)) <- binary>>, do: v)
+  end
 
   defp decode(binary, {:f, 64}), do: for(<<x::binary-8 <- binary>>, do: decode_f64(x))
   defp decode(binary, {:f, 32}), do: for(<<x::binary-4 <- binary>>, do: decode_f32(x))
@@ -542,14 +546,11 @@ defmodule XlaNode.Tensor do
   defp decode(binary, {:f8_e4m3fn, 8}),
     do: for(<<b <- binary>>, do: if((b &&& 0x7F) == 0x7F, do: :nan, else: finite_value(b, 4, 3)))
 
-  defp decode(binary, {:c, bits}) do
-    part = {:f, div(bits, 2)}
-    size = div(bits, 16)
+  defp decode(binary, {:c, 64}),
+    do: for(<<re::binary-4, im::binary-4 <- binary>>, do: {decode_f32(re), decode_f32(im)})
 
-    for <<re::binary-size(size), im::binary-size(size) <- binary>> do
-      {hd(decode(re, part)), hd(decode(im, part))}
-    end
-  end
+  defp decode(binary, {:c, 128}),
+    do: for(<<re::binary-8, im::binary-8 <- binary>>, do: {decode_f64(re), decode_f64(im)})
 
   # Finite values decode natively; binary matching refuses infinities and NaNs.
   defp decode_f64(<<f::float-little-64>>), do: f

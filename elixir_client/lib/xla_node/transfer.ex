@@ -20,6 +20,12 @@ defmodule XlaNode.Transfer do
   over several devices, each device's arguments to that device (`{:describe, exe}`).
 
   Other requests go through unchanged.
+
+      # 64 MiB of f32: to the node in two chunks, and back in two.
+      n = 16 * 1024 * 1024
+      tensor = {:binary.copy(<<1.5::float-32-little>>, n), {{:f, 32}, [n]}}
+      {:ok, buf} = XlaNode.to_device(:"xla@host", tensor)
+      {:ok, ^tensor} = XlaNode.read(:"xla@host", buf)
   """
 
   @chunk_bytes 32 * 1024 * 1024
@@ -29,6 +35,12 @@ defmodule XlaNode.Transfer do
   @doc """
   `GenServer.call(target, request, timeout)`, with a `:to_device` or `:read` larger than a chunk
   moved in chunks. Returns what the node replies, as one call would.
+
+      n = 16 * 1024 * 1024
+      tensor = {:binary.copy(<<7>>, n), {{:u, 8}, [n]}}
+      {:ok, buf} = XlaNode.Transfer.call({:xla, :"xla@host"}, {:to_device, tensor}, 60_000)
+      {:ok, ^tensor} = XlaNode.Transfer.call({:xla, :"xla@host"}, {:read, buf}, 60_000)
+      :pong = XlaNode.Transfer.call({:xla, :"xla@host"}, :ping, 5_000)
   """
   def call(target, {:to_device, {data, {type, dims}}} = request, timeout)
       when is_bitstring(data) do
@@ -181,6 +193,9 @@ defmodule XlaNode.Transfer do
   The largest chunk sent to or read from `target`: 32 MiB, or the node's message limit less
   room for the message around it; `nil` for a node that does not say its limit (one without
   chunked transfers), to which tensors go whole.
+
+      XlaNode.Transfer.chunk_bytes({:xla, :"xla@host"}, 5_000)
+      #=> 33_554_432
   """
   def chunk_bytes(target, timeout) do
     case max_message_bytes(target, timeout) do
@@ -236,7 +251,8 @@ defmodule XlaNode.Transfer do
     do: GenServer.cast(target, {:upload, upload, data})
 
   defp send_chunks(data, target, upload, chunk) do
-    <<head::binary-size(chunk), rest::binary>> = data
+    # whole_bytes/1 made it a binary.
+    {head, rest} = :erlang.split_binary(data, chunk)
     GenServer.cast(target, {:upload, upload, head})
     send_chunks(rest, target, upload, chunk)
   end

@@ -4,14 +4,16 @@ defmodule XlaNode.Backend do
   a device: creating a tensor places it on the node, every operation runs there, and results
   stay there until read.
 
-      Nx.default_backend({XlaNode.Backend, node: :"xla@gpu1"})
+      Nx.default_backend({XlaNode.Backend, node: :"xla@host"})
       t = Nx.iota({3, 3}, type: :f32)
-      t |> Nx.exp() |> Nx.sum(axes: [1]) |> Nx.to_flat_list()
+      t |> Nx.add(1) |> Nx.sum(axes: [1]) |> Nx.to_flat_list()
+      #=> [6.0, 15.0, 24.0]
 
   or, for the whole application, in `config/config.exs`:
 
-      config :nx, default_backend: {XlaNode.Backend, node: :"xla@gpu1"}
-      config :nx, default_defn_options: [compiler: XlaNode.Compiler, node: :"xla@gpu1"]
+      # config/config.exs
+      config :nx, default_backend: {XlaNode.Backend, node: :"xla@host"}
+      config :nx, default_defn_options: [compiler: XlaNode.Compiler, node: :"xla@host"]
 
   ## Options
 
@@ -25,8 +27,7 @@ defmodule XlaNode.Backend do
 
   Each operation runs as a program on the node: `XlaNode.Compiler` compiles the one `Nx.Defn.Expr`
   call the operation stands for, once per (operation, options, types and shapes) and node, and
-  from then on an operation is one request to the node, with no tensor data crossing (see
-  `XlaNode.Backend.Eager`). Scalars made from numbers (`Nx.add(t, 1)`, `Nx.tensor(1.0)`) are the
+  from then on an operation is one request to the node, with no tensor data crossing. Scalars made from numbers (`Nx.add(t, 1)`, `Nx.tensor(1.0)`) are the
   exception: they stay in the tensor struct and go, a few bytes, with the operation that uses
   them.
 
@@ -67,11 +68,19 @@ defmodule XlaNode.Backend do
   `XlaNode.free_later/1`), `free_all/1` (a container's tensors, one cast), or `scope/1`, which
   frees what this process made inside it when it ends, except what it returns:
 
+      Nx.default_backend({XlaNode.Backend, node: :"xla@host"})
+      params = Nx.tensor([1.0, 2.0, 3.0])
+      grads = Nx.tensor([0.5, 0.5, 0.5])
+
+      # The temporaries (the scaled gradient) are freed; the new params stay.
       params =
         XlaNode.Backend.scope(fn ->
-          grads = compute_grads(params, batch)
-          update(params, grads)
+          step = Nx.multiply(grads, 0.1)
+          Nx.subtract(params, step)
         end)
+
+      Nx.to_flat_list(params)
+      #=> [0.949999988079071, 1.9500000476837158, 2.950000047683716]
 
   Each frees the buffer whoever else holds the tensor, as `Nx.backend_deallocate/1` does on
   EXLA.
@@ -119,10 +128,16 @@ defmodule XlaNode.Backend do
   Buffers other processes make (a `Task` started inside) are not this scope's: they live
   while some process holds them.
 
+      Nx.default_backend({XlaNode.Backend, node: :"xla@host"})
+      {x, w, y} = {Nx.tensor([1.0, 2.0, 3.0]), Nx.tensor(2.0), Nx.tensor([1.0, 3.0, 5.0])}
+
       loss =
         XlaNode.Backend.scope(fn ->
           x |> Nx.multiply(w) |> Nx.subtract(y) |> Nx.pow(2) |> Nx.mean()
         end)
+
+      Nx.to_number(loss)
+      #=> 1.0
   """
   @spec scope((-> result)) :: result when result: term()
   def scope(fun), do: Scope.run(fun)
@@ -137,8 +152,26 @@ defmodule XlaNode.Backend do
   in one cast with the others. Either way a training loop that drops its old params each step
   pays one message for it:
 
+      Nx.default_backend({XlaNode.Backend, node: :"xla@host"})
+      params = %{w: Nx.tensor([1.0, 2.0]), b: Nx.tensor(0.5)}
+      {x, y} = {Nx.tensor([1.0, 1.0]), Nx.tensor(4.0)}
+
+      step =
+        Nx.Defn.jit(
+          fn params, x, y ->
+            loss = x |> Nx.dot(params.w) |> Nx.add(params.b) |> Nx.subtract(y) |> Nx.pow(2)
+            {%{params | w: Nx.subtract(params.w, x)}, loss}
+          end,
+          compiler: XlaNode.Compiler,
+          node: :"xla@host"
+        )
+
       {new_params, loss} = XlaNode.Backend.scope(fn -> step.(params, x, y) end)
-      XlaNode.Backend.free_all(params)
+      :ok = XlaNode.Backend.free_all(params)
+      Nx.to_flat_list(new_params.w)
+      #=> [0.0, 1.0]
+      Nx.to_number(loss)
+      #=> 0.25
   """
   @spec free_all(term()) :: :ok
   def free_all(term), do: term |> Scope.buffers() |> Scope.free()

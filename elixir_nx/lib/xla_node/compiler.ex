@@ -2,12 +2,21 @@ defmodule XlaNode.Compiler do
   @moduledoc """
   An `Nx.Defn.Compiler` that runs `defn` on an xla_node compute node.
 
-      Nx.Defn.jit(&MyModel.predict/2, compiler: XlaNode.Compiler, node: :"xla@gpu1").(params, x)
+      defmodule MyModel do
+        import Nx.Defn
 
-  The expression is lowered to StableHLO in Elixir (see `XlaNode.Compiler.Lower`), compiled on
-  the node and run there; the caller's node needs no NIF, no XLA and no C compiler. Compiled
-  programs are kept per (function, arguments' structure, node) by `XlaNode.Compiler.Cache` (see
-  `XlaNode.Compiler.Program` for the key): a second call with arguments of the same structure
+        defn predict(params, x), do: Nx.dot(x, params.w) + params.b
+      end
+
+      params = %{w: Nx.tensor([[1.0], [2.0]]), b: Nx.tensor([0.5])}
+      x = Nx.tensor([[1.0, 1.0], [2.0, 0.0]])
+      y = Nx.Defn.jit(&MyModel.predict/2, compiler: XlaNode.Compiler, node: :"xla@host").(params, x)
+      Nx.to_flat_list(y)
+      #=> [3.5, 2.5]
+
+  The expression is lowered to StableHLO in Elixir (with the client's `XlaNode.MLIR`), compiled
+  on the node and run there; the caller's node needs no NIF, no XLA and no C compiler. Compiled
+  programs are kept per (function, arguments' structure, node) in a cache: a second call with arguments of the same structure
   lowers and compiles nothing; new shapes, types, container kinds or keys, or `keep:` fields
   compile anew. Only the arguments the expression uses are read and sent, as under
   `Nx.Defn.Evaluator`: templates and lazy containers' unused members are never read.
@@ -28,7 +37,7 @@ defmodule XlaNode.Compiler do
   Every Nx type, `s2`, `s4`, `u2`, `u4`, `f8` (E5M2) and `f8_e4m3fn` included. Where XLA's CPU
   backend cannot compute an op on the 2- and 4-bit integers (or would abort on it), the op runs
   on 8-bit integers and narrows back, wrapping as Nx does; `erfc` of 8-bit floats, which XLA
-  lacks, runs on `f32` (see `XlaNode.Compiler.Lower`). Integer results are Nx's bit for bit;
+  lacks, runs on `f32`. Integer results are Nx's bit for bit;
   8-bit float results differ from `Nx.BinaryBackend`'s only where Nx rounds otherwise (it
   truncates to `f8`, rounds `f8_e4m3fn` ties away from zero and saturates its overflow to ±448,
   where XLA rounds to nearest even and gives NaN), as EXLA's do.
@@ -48,8 +57,7 @@ defmodule XlaNode.Compiler do
       `:infinity` (default: the node's `--callback-timeout`)
     * `:callbacks` - `:inside`: `runtime_call`s and hooks run as custom calls inside the
       program; `:split`: the program is cut at each of them, the pieces run on the node with
-      their results kept there, and the callbacks run on this node between them (see
-      `XlaNode.Compiler.Split`). Default: `:inside` where the node's platform can run host
+      their results kept there, and the callbacks run on this node between them. Default: `:inside` where the node's platform can run host
       callbacks (CPU and CUDA; `:info`'s `host_callbacks`), `:split` elsewhere
     * `:keep_on_device` - return tensors whose data stays on the node (`XlaNode.Backend`), to
       pass into the next call without moving them. Default: `true` when the process's default
@@ -75,7 +83,7 @@ defmodule XlaNode.Compiler do
 
   A value of the wrong kind for one of these raises `ArgumentError` naming the option. Options
   the compiler does not know are ignored, as `Nx.Defn.Evaluator` and `EXLA` ignore them:
-  libraries forward their own through `Nx.Defn.jit/2` (see `XlaNode.Compiler.Options`).
+  libraries forward their own through `Nx.Defn.jit/2`.
 
   ## Telemetry
 
@@ -83,7 +91,8 @@ defmodule XlaNode.Compiler do
   `[:xla_node, :compile | :run, :start | :stop | :exception]` spans (see `XlaNode.Telemetry`)
   carry `compiler: XlaNode.Compiler` and `key`, the function's key as `Nx.Defn` gives it (for a
   stage of `callbacks: :split`, `{{:split, key, arguments_key}, stage_index}`). A compile happens once per function,
-  arguments' structure and node, in the process that `XlaNode.Compiler.Cache` starts to compile and hold that program; its span covers the
+  arguments' structure and node, in the process that the compiler's cache starts to compile and
+  hold that program; its span covers the
   node's compile, not the lowering to StableHLO before it. Callbacks and hooks are
   `[:xla_node, :callback, ...]` spans, in the process that runs each.
   """

@@ -180,7 +180,7 @@ defmodule XlaNode.Harness.RawDist do
   defp chunk(bin, size) when byte_size(bin) <= size, do: [bin]
 
   defp chunk(bin, size) do
-    <<part::binary-size(size), rest::binary>> = bin
+    {part, rest} = :erlang.split_binary(bin, size)
     [part | chunk(rest, size)]
   end
 
@@ -303,7 +303,7 @@ defmodule XlaNode.Harness.RawDist do
 
   defp decode(<<112, rest::binary>>) do
     {control, used} = :erlang.binary_to_term(rest, [:used])
-    <<_::binary-size(used), payload::binary>> = rest
+    payload = binary_part(rest, used, byte_size(rest) - used)
     {:ok, control, if(payload == <<>>, do: nil, else: :erlang.binary_to_term(payload))}
   end
 

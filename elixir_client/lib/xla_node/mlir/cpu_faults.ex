@@ -17,6 +17,16 @@ defmodule XlaNode.MLIR.CPUFaults do
   The builder raises on the first three kinds only: the others depend on what XLA makes of the
   program. The node checks the first two itself (`src/xla/known_faults.rs`), since it must
   not abort whatever program a client sends.
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> M.module(fn ->
+      ...>   M.function("main", [{{:s, 2}, [4]}, {{:s, 2}, [4]}], fn [a, b] ->
+      ...>     M.concatenate([a, b], 0)
+      ...>   end)
+      ...> end)
+      ** (ArgumentError) stablehlo.concatenate of 2-bit integers (tensor<4xi2>, tensor<4xi2>): XLA's CPU compiler aborts on it; convert them to s8/u8 first
+      iex> XlaNode.MLIR.CPUFaults.computed_in(:concatenate, {:s, 2})
+      {:s, 8}
   """
 
   alias XlaNode.Tensor
@@ -52,10 +62,9 @@ defmodule XlaNode.MLIR.CPUFaults do
 
   def computed_in(_op, type), do: type
 
-  @doc """
-  Raises `ArgumentError` naming `name` (the StableHLO op) when `op` faults on an operand among
-  `values`, for the ops `XlaNode.MLIR` refuses.
-  """
+  # Raises `ArgumentError` naming `name` (the StableHLO op) when `op` faults on an operand among
+  # `values`, for the ops `XlaNode.MLIR` refuses (its ops call it; the moduledoc shows it).
+  @doc false
   def check!(op, name, values) do
     {^op, widest, why, true} = List.keyfind(@faults, op, 0)
 

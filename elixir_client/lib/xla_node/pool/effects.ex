@@ -11,6 +11,15 @@ defmodule XlaNode.Pool.Effects do
 
   MLIR bytecode cannot be read here: a bytecode module that names any of these targets, or the
   `has_side_effect` attribute, is taken as having side effects.
+
+      iex> alias XlaNode.MLIR, as: M
+      iex> M.module(fn ->
+      ...>   M.function("main", [{{:u, 8}, [8]}, {{:f, 32}, [3]}], fn [handle, x] ->
+      ...>     M.runtime_call(handle, :double, [x], [{{:f, 32}, [3]}])
+      ...>   end)
+      ...> end)
+      ...> |> XlaNode.Pool.Effects.of()
+      :callbacks
   """
 
   @type t :: :pure | :callbacks | {:side_effects, String.t()}

@@ -10,6 +10,12 @@ defmodule XlaNode.Pool.Executable do
 
   Fields: `:pool` (the pool's name, or its pid when it has none), `:id` (the program's number in
   that pool) and `:effects` (see `XlaNode.Pool.Effects`).
+
+      {:ok, _} = XlaNode.Pool.start_link(name: MyPool, nodes: [:"xla1@host", :"xla2@host"])
+      mlir = "func.func @main(%x: tensor<f32>) -> tensor<f32> { return %x : tensor<f32> }"
+      {:ok, exe} = XlaNode.compile(MyPool, mlir)
+      %XlaNode.Pool.Executable{pool: MyPool, id: 1, effects: :pure} = exe
+      :ok = XlaNode.free(MyPool, exe)
   """
 
   @enforce_keys [:pool, :pool_ref, :id, :effects]

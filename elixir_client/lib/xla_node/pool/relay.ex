@@ -1,19 +1,19 @@
 defmodule XlaNode.Pool.Relay do
-  @moduledoc """
-  The callback server one attempt of a pool run names in place of the caller's: it forwards each
-  callback request to the caller's `callback_server:` and remembers that one fired.
+  @moduledoc false
 
-  A run whose program calls back may go to another node when its node goes down, but only if no
-  callback fired: the callback server would otherwise serve the same call twice. The relay is
-  what tells, and it is also what makes a late request of the attempt that died harmless: the
-  attempt is closed before the run is re-sent, and requests that reach a closed relay reach no
-  process at all. Replies do not pass through it: the callback server answers the node directly
-  (the request carries the node's reply tag).
-
-  The relay watches both sides: it ends when the caller does, and when the caller's callback
-  server goes down it exits with the same reason, which the node reports to the run at once, as
-  it would for the callback server itself.
-  """
+  # The callback server one attempt of a pool run names in place of the caller's: it forwards each
+  # callback request to the caller's `callback_server:` and remembers that one fired.
+  #
+  # A run whose program calls back may go to another node when its node goes down, but only if no
+  # callback fired: the callback server would otherwise serve the same call twice. The relay is
+  # what tells, and it is also what makes a late request of the attempt that died harmless: the
+  # attempt is closed before the run is re-sent, and requests that reach a closed relay reach no
+  # process at all. Replies do not pass through it: the callback server answers the node directly
+  # (the request carries the node's reply tag).
+  #
+  # The relay watches both sides: it ends when the caller does, and when the caller's callback
+  # server goes down it exits with the same reason, which the node reports to the run at once, as
+  # it would for the callback server itself.
 
   @doc "Starts a relay for the calling process that forwards to `target`; returns its pid."
   @spec start(pid() | {atom(), node()}) :: pid()

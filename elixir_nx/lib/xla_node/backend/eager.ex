@@ -1,26 +1,26 @@
 defmodule XlaNode.Backend.Eager do
-  @moduledoc """
-  Runs one Nx operation on a compute node, for `XlaNode.Backend`'s callbacks.
+  @moduledoc false
 
-  The operation is the program `XlaNode.Compiler` makes of the one `Nx.Defn.Expr` call the
-  callback stands for. It is compiled once per (operation, static arguments, output type and
-  shape, argument types and shapes, node) and kept in `XlaNode.Compiler.Cache`; after that an
-  operation is one `:run` request: the tensors that live on the node go as buffers, the result
-  stays there as a buffer.
-
-  The tensor arguments are found by looking at the callback's arguments (and into lists of
-  them: `concatenate/3`'s tensors, `slice/5`'s start indices, `block/4`'s arguments); every other
-  argument (axes, options, the functions of `reduce/5`) is part of the program's key.
-
-  The node an operation runs on is that of its first argument with data on a node; tensors of
-  any other node are read from theirs and sent along, so mixing nodes works and moves data
-  through this node (see `XlaNode.Backend`).
-
-  The first run of an operation goes through `Nx.Defn.jit_apply/3` with this module as the
-  compiler, which traces the expression as Nx does for any compiler and hands it to
-  `XlaNode.Compiler.Program.runner/5` under the operation's key; later runs find the program
-  there. As in any program, only the arguments the expression uses are sent.
-  """
+  # Runs one Nx operation on a compute node, for `XlaNode.Backend`'s callbacks.
+  #
+  # The operation is the program `XlaNode.Compiler` makes of the one `Nx.Defn.Expr` call the
+  # callback stands for. It is compiled once per (operation, static arguments, output type and
+  # shape, argument types and shapes, node) and kept in `XlaNode.Compiler.Cache`; after that an
+  # operation is one `:run` request: the tensors that live on the node go as buffers, the result
+  # stays there as a buffer.
+  #
+  # The tensor arguments are found by looking at the callback's arguments (and into lists of
+  # them: `concatenate/3`'s tensors, `slice/5`'s start indices, `block/4`'s arguments); every other
+  # argument (axes, options, the functions of `reduce/5`) is part of the program's key.
+  #
+  # The node an operation runs on is that of its first argument with data on a node; tensors of
+  # any other node are read from theirs and sent along, so mixing nodes works and moves data
+  # through this node (see `XlaNode.Backend`).
+  #
+  # The first run of an operation goes through `Nx.Defn.jit_apply/3` with this module as the
+  # compiler, which traces the expression as Nx does for any compiler and hands it to
+  # `XlaNode.Compiler.Program.runner/5` under the operation's key; later runs find the program
+  # there. As in any program, only the arguments the expression uses are sent.
 
   @behaviour Nx.Defn.Compiler
 

@@ -1,20 +1,20 @@
 defmodule XlaNode.Backend.Scope do
-  @moduledoc """
-  Frees at once what a piece of code made and does not return: `XlaNode.Backend.scope/1`.
+  @moduledoc false
 
-  A buffer lives while some process holds its tensor (`XlaNode.Keeper`), and goes some time
-  after the last holder drops it, once that holder's garbage is collected. A scope frees
-  sooner, and without waiting for a collection: every buffer this process makes while a scope
-  is open is noted in the process dictionary, and when the scope's function returns, every
-  noted buffer that the returned term does not hold is freed, whoever else holds it. Scopes
-  nest: what an inner scope returns is noted in the outer one. When the function raises,
-  throws or exits, everything it made is freed.
-
-  Buffers are freed with one `{:free, buffers}` cast to each node holding some (the node each
-  buffer reference names, `node/1`, also for a pool's tensors): no round trip at all. A buffer
-  freed already (`Nx.backend_deallocate/1`) or whose node is down is skipped silently: either
-  way it is gone.
-  """
+  # Frees at once what a piece of code made and does not return: `XlaNode.Backend.scope/1`.
+  #
+  # A buffer lives while some process holds its tensor (`XlaNode.Keeper`), and goes some time
+  # after the last holder drops it, once that holder's garbage is collected. A scope frees
+  # sooner, and without waiting for a collection: every buffer this process makes while a scope
+  # is open is noted in the process dictionary, and when the scope's function returns, every
+  # noted buffer that the returned term does not hold is freed, whoever else holds it. Scopes
+  # nest: what an inner scope returns is noted in the outer one. When the function raises,
+  # throws or exits, everything it made is freed.
+  #
+  # Buffers are freed with one `{:free, buffers}` cast to each node holding some (the node each
+  # buffer reference names, `node/1`, also for a pool's tensors): no round trip at all. A buffer
+  # freed already (`Nx.backend_deallocate/1`) or whose node is down is skipped silently: either
+  # way it is gone.
 
   @key {__MODULE__, :made}
 

@@ -1,21 +1,21 @@
 defmodule XlaNode.Backend.Transfer do
-  @moduledoc """
-  Data crossing between this node and a compute node, for `XlaNode.Backend` and
-  `XlaNode.Compiler`: placing a binary on a node, reading a buffer back, freeing it, passing a
-  tensor as a run argument, and turning a run's buffers into tensors.
+  @moduledoc false
 
-  A tensor's `node` is what its backend options named: a node, or an `XlaNode.Pool`, which
-  sends reads, frees and runs taking the buffer to the node holding it. That node is the
-  buffer reference's own (`node/1`), which is how errors name it.
-
-  Every buffer made here is held on its node by `XlaNode.Keeper` (`owner:` on the request that
-  makes it), and the tensor holds its token: it lives while any process holds the tensor.
-  Every tensor read or passed to a run is handed to `XlaNode.Keeper.hold/2` first, which takes
-  over one that came from another node. Every buffer made here is also noted in the open
-  `XlaNode.Backend.scope/1`, if any. A buffer the node no longer has (freed, the node
-  restarted) raises an `XlaNode.Error` of kind `:gone` naming the node; a node that is down or
-  unreachable, one of kind `:nodedown` that says its tensors are gone.
-  """
+  # Data crossing between this node and a compute node, for `XlaNode.Backend` and
+  # `XlaNode.Compiler`: placing a binary on a node, reading a buffer back, freeing it, passing a
+  # tensor as a run argument, and turning a run's buffers into tensors.
+  #
+  # A tensor's `node` is what its backend options named: a node, or an `XlaNode.Pool`, which
+  # sends reads, frees and runs taking the buffer to the node holding it. That node is the
+  # buffer reference's own (`node/1`), which is how errors name it.
+  #
+  # Every buffer made here is held on its node by `XlaNode.Keeper` (`owner:` on the request that
+  # makes it), and the tensor holds its token: it lives while any process holds the tensor.
+  # Every tensor read or passed to a run is handed to `XlaNode.Keeper.hold/2` first, which takes
+  # over one that came from another node. Every buffer made here is also noted in the open
+  # `XlaNode.Backend.scope/1`, if any. A buffer the node no longer has (freed, the node
+  # restarted) raises an `XlaNode.Error` of kind `:gone` naming the node; a node that is down or
+  # unreachable, one of kind `:nodedown` that says its tensors are gone.
 
   alias XlaNode.Backend
   alias XlaNode.Backend.Scope

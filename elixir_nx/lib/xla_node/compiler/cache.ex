@@ -1,18 +1,18 @@
 defmodule XlaNode.Compiler.Cache do
-  @moduledoc """
-  Compiled programs, per (function, arguments' structure, node) as `XlaNode.Compiler.Program`
-  keys them, so that calling a jitted function again lowers and compiles nothing, and what the
-  compiler needs to know of each node.
+  @moduledoc false
 
-  The node frees an executable when the process that compiled it exits, so this process
-  compiles them itself and lives as long as the application. Entries of a node go when the
-  connection to it does (the node may have restarted without them).
-
-  Keys and entries cross into this process and into ETS, copies that do not keep a term's
-  sharing: an entry holds the executable, output templates and the callbacks, and a key the
-  traced function with any expression it captured replaced by its id
-  (`XlaNode.Compiler.Program.function_key/1`), never an expression graph.
-  """
+  # Compiled programs, per (function, arguments' structure, node) as `XlaNode.Compiler.Program`
+  # keys them, so that calling a jitted function again lowers and compiles nothing, and what the
+  # compiler needs to know of each node.
+  #
+  # The node frees an executable when the process that compiled it exits, so this process
+  # compiles them itself and lives as long as the application. Entries of a node go when the
+  # connection to it does (the node may have restarted without them).
+  #
+  # Keys and entries cross into this process and into ETS, copies that do not keep a term's
+  # sharing: an entry holds the executable, output templates and the callbacks, and a key the
+  # traced function with any expression it captured replaced by its id
+  # (`XlaNode.Compiler.Program.function_key/1`), never an expression graph.
   use GenServer
 
   @table __MODULE__

@@ -1,17 +1,17 @@
 defmodule XlaNode.Compiler.Callbacks do
-  @moduledoc """
-  Serves a compiled program's `runtime_call`s and hooks on the caller's node: turns each
-  callback request into Nx tensors shaped as the expression said, calls the function, checks
-  its result against the output template and replies with the result's binaries (see
-  `XlaNode.CallbackServer` for the protocol). Callbacks compute on this node: their tensors are
-  `Nx.BinaryBackend`'s, whatever the default backend is.
+  @moduledoc false
 
-  A callback that fails (raises, throws, exits, or returns a result that does not match its
-  output template, which raises `RuntimeError` with `Nx.Defn.Evaluator`'s message) fails the
-  run, as under the Evaluator, where it runs in the caller's process: the failure goes to the
-  caller (`report_to`) before the node is answered with the error, and `raise_failure/3`, once
-  the run has failed, raises, throws or exits there with it, as the Evaluator would have.
-  """
+  # Serves a compiled program's `runtime_call`s and hooks on the caller's node: turns each
+  # callback request into Nx tensors shaped as the expression said, calls the function, checks
+  # its result against the output template and replies with the result's binaries (see
+  # `XlaNode.CallbackServer` for the protocol). Callbacks compute on this node: their tensors are
+  # `Nx.BinaryBackend`'s, whatever the default backend is.
+  #
+  # A callback that fails (raises, throws, exits, or returns a result that does not match its
+  # output template, which raises `RuntimeError` with `Nx.Defn.Evaluator`'s message) fails the
+  # run, as under the Evaluator, where it runs in the caller's process: the failure goes to the
+  # caller (`report_to`) before the node is answered with the error, and `raise_failure/3`, once
+  # the run has failed, raises, throws or exits there with it, as the Evaluator would have.
 
   alias Nx.Defn.Composite
   alias XlaNode.Backend.Transfer

@@ -3,7 +3,7 @@ defprotocol XlaNode.Compiler.CustomCall do
   Lowers an `Nx.block/4` to a native kernel on the node instead of its default expression.
 
   A library that ships a kernel for a block (an XLA FFI handler, loaded on the node with
-  `--kernel` or `XlaNode.load_kernel/5`, see the node's `docs/kernels.md`) implements this
+  `--kernel` or `XlaNode.load_kernel/5`, see [Native kernels](kernels.md)) implements this
   protocol for its block struct. For every block in a `defn`, `XlaNode.Compiler` calls
   `call(block, out, args, target)`:
 
@@ -41,12 +41,21 @@ defprotocol XlaNode.Compiler.CustomCall do
         def call(_block, _out, _args, _target), do: :skip
       end
 
-  Any other compiler runs the default expression, so the block works everywhere.
+  Any other compiler runs the default expression, so the block works everywhere. (This example
+  is the one the tests of elixir_nx define, in `test/support/add_scaled.ex`, and run against the
+  node's test kernel library.)
   """
 
   @fallback_to_any true
 
-  @doc "Returns `:skip` or `{:ok, %XlaNode.Compiler.CustomCall.Spec{}}` for a block."
+  @doc """
+  Returns `:skip` or `{:ok, %XlaNode.Compiler.CustomCall.Spec{}}` for a block. A struct without
+  an implementation of its own (here a map) is skipped:
+
+      iex> out = Nx.template({3}, :f32)
+      iex> XlaNode.Compiler.CustomCall.call(%{n: 2.0}, out, [out], %{node: :"xla@host", platform: "cpu"})
+      :skip
+  """
   def call(block, out, args, target)
 end
 
@@ -65,6 +74,9 @@ defmodule XlaNode.Compiler.CustomCall.Spec do
     * `:operand_types` - element types to convert the operands to first, one per operand
       (`nil`: as they are)
     * `:has_side_effect` - keep the call even when its results are unused (default `false`)
+
+      iex> %XlaNode.Compiler.CustomCall.Spec{target: "my_add_scaled", attributes: [{"n", 2.5}]}
+      %XlaNode.Compiler.CustomCall.Spec{target: "my_add_scaled", attributes: [{"n", 2.5}], operand_types: nil, has_side_effect: false}
   """
 
   @enforce_keys [:target]

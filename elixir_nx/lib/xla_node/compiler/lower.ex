@@ -1,18 +1,18 @@
 defmodule XlaNode.Compiler.Lower do
-  @moduledoc """
-  Lowers an `Nx.Defn.Expr` graph to a StableHLO module with `XlaNode.MLIR`.
+  @moduledoc false
 
-  Each expression is lowered once (a cache by expression id, scoped to the region it was first
-  lowered in), with Nx's semantics made explicit: operands are converted to the type Nx computed
-  for the result and broadcast to its shape, comparisons and logical ops produce `u8` 0/1, and
-  reductions, windows, gathers and scatters get their regions and dimension numbers.
-  `runtime_call` and hooks become EXLA's `exla_runtime_callback` custom calls; the module's
-  first parameter is then the callback handle, which the node supplies. Ops XLA's CPU backend
-  cannot compute on the 2- and 4-bit integers or the 8-bit floats run on a wider type (see
-  "Where XLA's CPU backend needs wider elements" below).
-
-  An op this module cannot lower raises `ArgumentError` naming it, at compile time.
-  """
+  # Lowers an `Nx.Defn.Expr` graph to a StableHLO module with `XlaNode.MLIR`.
+  #
+  # Each expression is lowered once (a cache by expression id, scoped to the region it was first
+  # lowered in), with Nx's semantics made explicit: operands are converted to the type Nx computed
+  # for the result and broadcast to its shape, comparisons and logical ops produce `u8` 0/1, and
+  # reductions, windows, gathers and scatters get their regions and dimension numbers.
+  # `runtime_call` and hooks become EXLA's `exla_runtime_callback` custom calls; the module's
+  # first parameter is then the callback handle, which the node supplies. Ops XLA's CPU backend
+  # cannot compute on the 2- and 4-bit integers or the 8-bit floats run on a wider type (see
+  # "Where XLA's CPU backend needs wider elements" below).
+  #
+  # An op this module cannot lower raises `ArgumentError` naming it, at compile time.
 
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T

@@ -1,16 +1,16 @@
 defmodule XlaNode.Compiler.Options do
-  @moduledoc """
-  The options `XlaNode.Compiler` takes, checked before anything is compiled: a value of the
-  wrong kind (`keep_on_device: :yes`, `timeout: :never`) raises `ArgumentError` naming the
-  option.
+  @moduledoc false
 
-  Options the compiler does not know are accepted and ignored, as `Nx.Defn.Evaluator` and
-  `EXLA` do: `Nx.Defn.jit/2` hands a compiler every option it is given, and libraries forward
-  their own through it (`Axon.build(model, mode: :train)` passes `:mode`, and others
-  `:global_layer_options` or `:print_values`), as does Nx itself (`:hooks`, `:on_conflict`,
-  `Nx.Serving`'s `:batch_keys` and the `:compiler` it leaves in a partitioned serving's
-  options). So a misspelt option of the compiler's own (`keep_on_devise: true`) is ignored too.
-  """
+  # The options `XlaNode.Compiler` takes, checked before anything is compiled: a value of the
+  # wrong kind (`keep_on_device: :yes`, `timeout: :never`) raises `ArgumentError` naming the
+  # option.
+  #
+  # Options the compiler does not know are accepted and ignored, as `Nx.Defn.Evaluator` and
+  # `EXLA` do: `Nx.Defn.jit/2` hands a compiler every option it is given, and libraries forward
+  # their own through it (`Axon.build(model, mode: :train)` passes `:mode`, and others
+  # `:global_layer_options` or `:print_values`), as does Nx itself (`:hooks`, `:on_conflict`,
+  # `Nx.Serving`'s `:batch_keys` and the `:compiler` it leaves in a partitioned serving's
+  # options). So a misspelt option of the compiler's own (`keep_on_devise: true`) is ignored too.
 
   @own [
     node: :node,

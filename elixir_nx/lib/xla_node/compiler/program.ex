@@ -1,30 +1,30 @@
 defmodule XlaNode.Compiler.Program do
-  @moduledoc """
-  One compiled program on a node, as `XlaNode.Compiler`, `XlaNode.Compiler.Split` (each stage)
-  and `XlaNode.Backend` (each eager operation) use it: the key it is kept under in
-  `XlaNode.Compiler.Cache`, its compile, and the function that runs it with Nx's arguments.
+  @moduledoc false
 
-  ## Keys
-
-  A program is kept under `{function_key, arguments_key, node}`:
-
-    * `function_key/1` names the traced function (a closure with the values it captured);
-    * `arguments_key/1` is the whole of the arguments as `Nx.Defn.Composite.traverse/2` gives
-      them, each tensor replaced by its type, shape, names and vectorized axes: container kinds
-      and keys, and the `keep:` fields of `Nx.Container` structs, are part of it, as in Nx's
-      own compilers. The same tensors in a tuple and in a map, or in a struct whose kept field
-      differs, are different programs (their results have another structure, or another
-      computation);
-    * the node, or for an `XlaNode.Pool` the pool's process (`stored_key/1`).
-
-  ## Arguments
-
-  Only the arguments the traced expression uses are parameters of the program: at a run, only
-  their functions (Nx hands the compiler one per tensor) are called and only their data is sent
-  to the node, as `Nx.Defn.Evaluator` reads only what it uses. An argument the expression does
-  not use may be a template (`Nx.template/3`), a lazy container's member that must not be
-  computed, or a large tensor the function ignores.
-  """
+  # One compiled program on a node, as `XlaNode.Compiler`, `XlaNode.Compiler.Split` (each stage)
+  # and `XlaNode.Backend` (each eager operation) use it: the key it is kept under in
+  # `XlaNode.Compiler.Cache`, its compile, and the function that runs it with Nx's arguments.
+  #
+  # ## Keys
+  #
+  # A program is kept under `{function_key, arguments_key, node}`:
+  #
+  #   * `function_key/1` names the traced function (a closure with the values it captured);
+  #   * `arguments_key/1` is the whole of the arguments as `Nx.Defn.Composite.traverse/2` gives
+  #     them, each tensor replaced by its type, shape, names and vectorized axes: container kinds
+  #     and keys, and the `keep:` fields of `Nx.Container` structs, are part of it, as in Nx's
+  #     own compilers. The same tensors in a tuple and in a map, or in a struct whose kept field
+  #     differs, are different programs (their results have another structure, or another
+  #     computation);
+  #   * the node, or for an `XlaNode.Pool` the pool's process (`stored_key/1`).
+  #
+  # ## Arguments
+  #
+  # Only the arguments the traced expression uses are parameters of the program: at a run, only
+  # their functions (Nx hands the compiler one per tensor) are called and only their data is sent
+  # to the node, as `Nx.Defn.Evaluator` reads only what it uses. An argument the expression does
+  # not use may be a template (`Nx.template/3`), a lazy container's member that must not be
+  # computed, or a large tensor the function ignores.
 
   require Logger
 

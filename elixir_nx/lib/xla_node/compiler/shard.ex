@@ -1,22 +1,22 @@
 defmodule XlaNode.Compiler.Shard do
-  @moduledoc """
-  `Nx.Defn.shard_jit/3` with `XlaNode.Compiler`: one SPMD program over the devices of an
-  `Nx.Mesh`, compiled once on the node (`XlaNode.compile/3`'s `devices:`) and run with one
-  argument list per device.
+  @moduledoc false
 
-  Each argument list holds a device's *shard* of each argument, as under EXLA; the program is
-  written over the whole tensors (each shard's shape times the devices its dimensions are split
-  over), with an `mhlo.sharding` on each parameter of `@main` saying how (GSPMD's notation), and
-  `mhlo.num_partitions` on the module. The mesh's devices, in row-major order, are partitions
-  `0..n-1`, on the node's devices `device_id..device_id + n - 1` (`device_id` defaults to 0, as
-  EXLA puts a mesh on devices `0..n-1`). A dimension split over several mesh axes is split over
-  them major to minor, in the order the sharding lists them; the mesh axes an argument does not
-  use hold copies of it (partial replication).
-
-  The results' shardings are left to XLA's partitioner, as EXLA leaves them: each device's
-  result is its shard of each output, with the shape the node's `XlaNode.describe/3` gives
-  for the compiled program (whole on every device for a replicated output).
-  """
+  # `Nx.Defn.shard_jit/3` with `XlaNode.Compiler`: one SPMD program over the devices of an
+  # `Nx.Mesh`, compiled once on the node (`XlaNode.compile/3`'s `devices:`) and run with one
+  # argument list per device.
+  #
+  # Each argument list holds a device's *shard* of each argument, as under EXLA; the program is
+  # written over the whole tensors (each shard's shape times the devices its dimensions are split
+  # over), with an `mhlo.sharding` on each parameter of `@main` saying how (GSPMD's notation), and
+  # `mhlo.num_partitions` on the module. The mesh's devices, in row-major order, are partitions
+  # `0..n-1`, on the node's devices `device_id..device_id + n - 1` (`device_id` defaults to 0, as
+  # EXLA puts a mesh on devices `0..n-1`). A dimension split over several mesh axes is split over
+  # them major to minor, in the order the sharding lists them; the mesh axes an argument does not
+  # use hold copies of it (partial replication).
+  #
+  # The results' shardings are left to XLA's partitioner, as EXLA leaves them: each device's
+  # result is its shard of each output, with the shape the node's `XlaNode.describe/3` gives
+  # for the compiled program (whole on every device for a replicated output).
 
   alias Nx.Defn.Composite
   alias Nx.Tensor, as: T

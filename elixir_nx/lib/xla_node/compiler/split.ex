@@ -1,22 +1,22 @@
 defmodule XlaNode.Compiler.Split do
-  @moduledoc """
-  `callbacks: :split`: runs a `defn` whose `runtime_call`s and hooks run between programs
-  instead of inside one.
+  @moduledoc false
 
-  The expression is cut at each `runtime_call` and hook (`Nx.Defn.Graph.split/2`). Every stage
-  without one is compiled and run on the node with its outputs kept there as buffers
-  (`XlaNode.Backend`), so that the next stage takes them without a round trip; each stage
-  with one runs on the calling node (`Nx.Defn.Evaluator`, with the call's `:hooks`), on its
-  inputs read back from the node. The results are the same as with callbacks inside the
-  program; this is the default on platforms that cannot run host callbacks. `Nx.Defn.Graph`
-  does not cut inside a `while` or `cond`: a callback there stays in the node's program.
-
-  Every stage is compiled when the function is, and the function returned holds only what runs
-  them: executables, templates, and the stages that call back, each a `runtime_call` or hook on
-  its parameters. The expression itself stays in the process that traced it (`Nx.Serving`, for
-  one, runs the function in other processes, and a copy does not keep an expression graph's
-  sharing).
-  """
+  # `callbacks: :split`: runs a `defn` whose `runtime_call`s and hooks run between programs
+  # instead of inside one.
+  #
+  # The expression is cut at each `runtime_call` and hook (`Nx.Defn.Graph.split/2`). Every stage
+  # without one is compiled and run on the node with its outputs kept there as buffers
+  # (`XlaNode.Backend`), so that the next stage takes them without a round trip; each stage
+  # with one runs on the calling node (`Nx.Defn.Evaluator`, with the call's `:hooks`), on its
+  # inputs read back from the node. The results are the same as with callbacks inside the
+  # program; this is the default on platforms that cannot run host callbacks. `Nx.Defn.Graph`
+  # does not cut inside a `while` or `cond`: a callback there stays in the node's program.
+  #
+  # Every stage is compiled when the function is, and the function returned holds only what runs
+  # them: executables, templates, and the stages that call back, each a `runtime_call` or hook on
+  # its parameters. The expression itself stays in the process that traced it (`Nx.Serving`, for
+  # one, runs the function in other processes, and a copy does not keep an expression graph's
+  # sharing).
 
   alias Nx.Defn.{Composite, Expr, Graph}
   alias Nx.Tensor, as: T

@@ -74,7 +74,7 @@ defmodule XlaNode.MLIR.Ops.Calls do
   end
 
   def stream_target(target) do
-    bin = :erlang.term_to_binary(target)
+    bin = term_to_binary(target)
     XlaNode.MLIR.Ops.Elementwise.constant(:binary.bin_to_list(bin), {{:u, 8}, [byte_size(bin)]})
   end
 
@@ -114,8 +114,13 @@ defmodule XlaNode.MLIR.Ops.Calls do
     handle
   end
 
+  # Terms in a program are encoded as OTP 26 and later encode them by default (atoms as UTF-8),
+  # which OTP 25 gives with `minor_version: 2`: a program has the same text, and so the same
+  # entry in the node's compile cache, whatever release built it.
+  defp term_to_binary(term), do: :erlang.term_to_binary(term, minor_version: 2)
+
   defp callback_config(id, aliased) do
-    bin = :erlang.term_to_binary(id)
+    bin = term_to_binary(id)
     padded = bin <> :binary.copy(<<0>>, rem(8 - rem(byte_size(bin), 8), 8))
     words = for <<w::signed-native-64 <- padded>>, do: w
 

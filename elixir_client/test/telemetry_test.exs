@@ -1,0 +1,5 @@
+defmodule XlaNode.TelemetryTest do
+  use ExUnit.Case, async: true
+
+  doctest XlaNode.Telemetry
+end
