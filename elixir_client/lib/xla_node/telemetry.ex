@@ -56,7 +56,7 @@ defmodule XlaNode.Telemetry do
       iex> [:xla_node, :run, :stop] in XlaNode.Telemetry.events()
       true
       iex> length(XlaNode.Telemetry.events())
-      9
+      13
 
   In an application with `:telemetry`:
 
