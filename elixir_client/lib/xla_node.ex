@@ -488,10 +488,21 @@ defmodule XlaNode do
 
   Options: `:timeout` (default `60_000`).
 
+      tensor = XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32})
       {:ok, buf} = XlaNode.to_device(:"xla@host", tensor)
-      worker = spawn(fn -> receive do {:buffer, buf} -> use(buf) end end)
+      parent = self()
+
+      worker =
+        spawn(fn ->
+          receive do
+            {:buffer, buf} -> send(parent, {:read, XlaNode.read!(:"xla@host", buf)})
+          end
+        end)
+
       :ok = XlaNode.give_away(:"xla@host", buf, worker)
       send(worker, {:buffer, buf})
+      receive do {:read, read} -> read end
+      #=> {<<0, 0, 128, 63, 0, 0, 0, 64>>, {{:f, 32}, [2]}}
   """
   @spec give_away(server(), reference() | [reference()], pid(), keyword()) :: :ok | error()
   def give_away(server, refs, pid, opts \\ []) when is_pid(pid),
@@ -510,6 +521,9 @@ defmodule XlaNode do
   after two shares. Every one is shared, or none (`:argument_error` naming the first reference
   that names nothing). Options: `:timeout` (default `60_000`).
 
+      w = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32}))
+      b = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([0.5], {:f, 32}))
+      worker = spawn(fn -> Process.sleep(:infinity) end)
       :ok = XlaNode.share(:"xla@host", [w, b], worker)
   """
   @spec share(server(), reference() | [reference()], pid(), keyword()) :: :ok | error()
@@ -528,8 +542,12 @@ defmodule XlaNode do
   (`:argument_error` naming the first reference this process does not hold). Options:
   `:timeout` (default `60_000`).
 
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1, 2], {:s, 64}))
+      worker = spawn(fn -> Process.sleep(:infinity) end)
       :ok = XlaNode.share(:"xla@host", buf, worker)
-      :ok = XlaNode.release(:"xla@host", buf)     # worker's hold keeps it
+      :ok = XlaNode.release(:"xla@host", buf)
+      # The worker's hold keeps it.
+      {:ok, _} = XlaNode.read(:"xla@host", buf)
   """
   @spec release(server(), reference() | [reference()], keyword()) :: :ok | error()
   def release(server, refs, opts \\ []),
