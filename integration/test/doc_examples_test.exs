@@ -20,6 +20,11 @@ defmodule XlaNode.DocExamplesTest do
   @modules [
     XlaNode,
     XlaNode.CallbackServer,
+    XlaNode.Keeper,
+    XlaNode.Launcher,
+    XlaNode.Launcher.Local,
+    XlaNode.Launcher.SSH,
+    XlaNode.Local,
     XlaNode.Pool,
     XlaNode.Pool.Executable,
     XlaNode.Transfer

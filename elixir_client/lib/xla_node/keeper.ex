@@ -94,9 +94,12 @@ defmodule XlaNode.Keeper do
   after the last holder drops it and is garbage-collected. `nil` when the keeper is not
   running.
 
-      {:ok, buffer} = XlaNode.to_device(node, tensor, owner: XlaNode.Keeper.owner())
+      tensor = XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32})
+      {:ok, buffer} = XlaNode.to_device(:"xla@host", tensor, owner: XlaNode.Keeper.owner())
       [token] = XlaNode.Keeper.track([buffer])
-      # keep {buffer, token} together, in any process; drop both when done
+      # Keep {buffer, token} together, in any process; drop both when done.
+      is_binary(token)
+      #=> true
   """
   @spec track([reference()]) :: [token()] | nil
   def track([]), do: []

@@ -7,18 +7,25 @@ defmodule XlaNode.Local do
         {XlaNode.Local, name: :xla}
       ]
 
-      Supervisor.start_link(children, strategy: :one_for_one)
+      {:ok, _supervisor} = Supervisor.start_link(children, strategy: :one_for_one)
+
+      mlir = "func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {
+        %y = stablehlo.add %x, %x : tensor<2xf32>
+        return %y : tensor<2xf32>
+      }"
 
       exe = XlaNode.compile!(:xla, mlir)
-      [y] = XlaNode.run!(:xla, exe, [x])
-      XlaNode.Local.node(:xla)
-      #=> :"xla_48213_1@myhost"
+      [y] = XlaNode.run!(:xla, exe, [XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32})])
+      XlaNode.Tensor.to_list(y)
+      #=> [2.0, 4.0]
+      XlaNode.Local.node(:xla)  # :"xla_48213_1@myhost", say
 
   The child starts the binary, waits until the node answers `:ping`, and is then started: the
   children after it can use the node. Every `XlaNode` function takes the name where it takes a
   node (`XlaNode.compile!(:xla, mlir)`), and so do `XlaNode.Compiler`'s and `XlaNode.Backend`'s
   `node:` options, in one line of config:
 
+      # config/config.exs
       config :nx, default_backend: {XlaNode.Backend, node: :xla}
       config :nx, default_defn_options: [compiler: XlaNode.Compiler, node: :xla]
 
@@ -77,6 +84,7 @@ defmodule XlaNode.Local do
   Defaults for every `XlaNode.Local` (and `XlaNode.Launcher.Local`) come from the application's
   config, under the options given to the child:
 
+      # config/config.exs
       config :xla_node_client, XlaNode.Local, bin: "/opt/xla_node/bin/xla_node", log: "warn"
 
   An unknown option, or a value of the wrong kind, raises an `ArgumentError` that names it. A
@@ -141,8 +149,8 @@ defmodule XlaNode.Local do
   The node's name. Raises `XlaNode.Error` (kind `:noproc`) when no node of that name runs (it
   is not started, or is restarting).
 
-      XlaNode.Local.node(:xla)
-      #=> :"xla_48213_1@myhost"
+      {:ok, _} = XlaNode.Local.start_link(name: :xla)
+      XlaNode.Local.node(:xla)  # :"xla_48213_1@myhost", say
   """
   @spec node(t()) :: node()
   def node(local) when is_pid(local), do: Port.node(local)
@@ -172,8 +180,9 @@ defmodule XlaNode.Local do
   the node of the moment (a tensor made on it then names that node, and is known to be gone
   once the child has restarted).
 
-      XlaNode.Local.resolve(:xla)
-      #=> :"xla_48213_1@myhost"
+      {:ok, _} = XlaNode.Local.start_link(name: :xla)
+      XlaNode.Local.resolve(:xla) == XlaNode.Local.node(:xla)
+      #=> true
       XlaNode.Local.resolve(:"xla@gpu1")
       #=> :"xla@gpu1"
   """

@@ -1,20 +1,22 @@
 defmodule XlaNode.Launcher.SSH do
   @moduledoc """
   A launcher (`XlaNode.Launcher`) that starts each node on another host over `ssh`: the way a
-  pool grows past this machine.
+  pool grows past this machine. With a host `gpu1.internal` that this machine logs in to:
 
-      XlaNode.Pool.start_link(
-        name: MyPool,
-        launcher:
-          {XlaNode.Launcher.SSH,
-           host: "gpu1.internal",
-           user: "xla",
-           key: "/etc/myapp/xla_ed25519",
-           bin: "/opt/xla_node/target/release/xla_node",
-           plugin: :gpu},
-        min: 1,
-        max: 4
-      )
+  ```text
+  XlaNode.Pool.start_link(
+    name: MyPool,
+    launcher:
+      {XlaNode.Launcher.SSH,
+       host: "gpu1.internal",
+       user: "xla",
+       key: "/etc/myapp/xla_ed25519",
+       bin: "/opt/xla_node/target/release/xla_node",
+       plugin: :gpu},
+    min: 1,
+    max: 4
+  )
+  ```
 
   Each node runs as `ssh ... HOST exec BIN --sname NAME@HOST --cookie-from-stdin
   --exit-on-stdin-close ...`, held by this VM through a port (`XlaNode.Launcher.Port`): this VM's
