@@ -8,9 +8,11 @@
 
 use super::transfer::Upload;
 use crate::dispatch::{BEAM_INFEED, BEAM_OUTFEED, RUNTIME_CALLBACK};
+use crate::schedule::Lane;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone)]
@@ -27,11 +29,36 @@ pub struct Program {
     /// The module mentions a host-callback target: its runs may wait for replies, so they are
     /// admitted among the runs that may wait (see `crate::schedule`).
     pub calls_back: bool,
+    /// A run of it completed within XLA's `Execute`, on the calling thread: XLA finds it cheap,
+    /// so its runs never hold XLA's line of queued computations for long.
+    executes_inline: AtomicBool,
 }
 
 impl Program {
     pub fn new(exe: Arc<Executable>, calls_back: bool) -> Program {
-        Program { exe, calls_back }
+        Program {
+            exe,
+            calls_back,
+            executes_inline: AtomicBool::new(false),
+        }
+    }
+
+    /// The lane its runs on `device` are admitted in (see `crate::schedule::Lane`).
+    pub fn lane(&self, device: usize) -> Lane {
+        if self.calls_back {
+            Lane::CallingBack
+        } else if self.executes_inline.load(Ordering::Relaxed) {
+            Lane::Inline
+        } else {
+            Lane::Line(device)
+        }
+    }
+
+    /// A run of it succeeded; `inline`: it had completed when `Execute` returned.
+    pub fn executed(&self, inline: bool) {
+        if inline {
+            self.executes_inline.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether a module's text or bytecode names a host-callback target.
@@ -48,6 +75,9 @@ struct Tables {
     resources: HashMap<Reference, (Resource, Pid)>,
     /// What `resources` holds, kept as it changes so that reading it costs nothing.
     held: Held,
+    /// Bytes of the buffers held by the processes of each client node (its device memory
+    /// against its quota); a node holding none has no entry.
+    bytes_by_node: HashMap<String, u64>,
     /// Per owner: its monitor and what it owns.
     owners: HashMap<Pid, (Reference, HashSet<Reference>)>,
     /// Monitor reference -> owner.
@@ -90,7 +120,29 @@ impl Tables {
     fn take(&mut self, key: &Reference) -> Option<(Resource, Pid)> {
         let taken = self.resources.remove(key)?;
         self.held.remove(&taken.0);
+        self.count_bytes(&taken.0, &taken.1, false);
         Some(taken)
+    }
+
+    /// Counts a buffer's bytes in (or out of) its owner's node's.
+    fn count_bytes(&mut self, resource: &Resource, owner: &Pid, added: bool) {
+        let Resource::Buffer(b) = resource else {
+            return;
+        };
+        let bytes = b.byte_size() as u64;
+        if added {
+            *self
+                .bytes_by_node
+                .entry(owner.node.name.clone())
+                .or_default() += bytes;
+            return;
+        }
+        if let Some(held) = self.bytes_by_node.get_mut(&owner.node.name) {
+            *held -= bytes;
+            if *held == 0 {
+                self.bytes_by_node.remove(&owner.node.name);
+            }
+        }
     }
 }
 
@@ -116,8 +168,12 @@ impl Resources {
         let mut t = self.lock();
         let key = reference.clone();
         t.held.add(&resource);
-        if let Some((replaced, _)) = t.resources.insert(key.clone(), (resource, owner.clone())) {
+        t.count_bytes(&resource, owner, true);
+        if let Some((replaced, previous)) =
+            t.resources.insert(key.clone(), (resource, owner.clone()))
+        {
             t.held.remove(&replaced);
+            t.count_bytes(&replaced, &previous, false);
         }
         match t.owners.get_mut(owner) {
             Some((_, owned)) => {
@@ -175,5 +231,10 @@ impl Resources {
     /// What is held now.
     pub fn held(&self) -> Held {
         self.lock().held
+    }
+
+    /// Bytes of the buffers the processes of client node `node` hold.
+    pub fn bytes_of_node(&self, node: &str) -> u64 {
+        self.lock().bytes_by_node.get(node).copied().unwrap_or(0)
     }
 }
