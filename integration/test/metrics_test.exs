@@ -239,7 +239,9 @@ defmodule XlaNode.MetricsTest do
     after_ = scrape(node)
 
     runs = fn outcome -> delta(after_, before, "xla_node_runs_total", %{"outcome" => outcome}) end
-    assert {runs.("ok"), runs.("error"), runs.("timeout")} == {3 + 2 + 24, 1 + 4, 1}
+
+    assert {runs.("ok"), runs.("error"), runs.("timeout"), runs.("overloaded")} ==
+             {3 + 2 + 24, 1 + 4, 1, 0}
 
     compiles = &delta(after_, before, "xla_node_compiles_total", %{"outcome" => &1})
     assert {compiles.("compiled"), compiles.("cache_hit"), compiles.("error")} == {2, 1, 1}
@@ -252,7 +254,7 @@ defmodule XlaNode.MetricsTest do
     errors = &delta(after_, before, "xla_node_request_errors_total", %{"kind" => &1})
 
     assert Map.new(
-             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error resource_exhausted),
+             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error resource_exhausted quota overloaded),
              &{&1, errors.(&1)}
            ) == %{
              "bad_request" => 1,
@@ -261,7 +263,9 @@ defmodule XlaNode.MetricsTest do
              "runtime_error" => 4,
              "timeout" => 1,
              "kernel_error" => 0,
-             "resource_exhausted" => 0
+             "resource_exhausted" => 0,
+             "quota" => 0,
+             "overloaded" => 0
            }
 
     # Runs that executed (not the one refused for its argument, nor the one that never started).
@@ -303,8 +307,21 @@ defmodule XlaNode.MetricsTest do
              runtime_error: 4,
              timeout: 1,
              kernel_error: 0,
-             resource_exhausted: 0
+             resource_exhausted: 0,
+             quota: 0,
+             overloaded: 0
            }
+
+    # This node is the only client: its figures are the node's.
+    me = %{"node" => Atom.to_string(node())}
+    assert value(after_, "xla_node_tenant_runs_total", me) == 34
+    assert value(after_, "xla_node_tenant_refusals_total", Map.put(me, "reason", "timeout")) == 1
+    assert value(after_, "xla_node_tenant_runs_running", me) == 0
+    assert value(after_, "xla_node_tenant_device_bytes", me) == 16
+    assert value(after_, "xla_node_tenant_run_queue_wait_seconds_count", me) == executed
+
+    assert %{runs: 34, runs_running: 0, runs_queued: 0, device_bytes: 16, refusals: %{timeout: 1}} =
+             info.tenants[node()]
 
     assert info.traffic.received_messages ==
              value(after_, "xla_node_dist_received_messages_total") + 2,

@@ -297,19 +297,19 @@ fn tenants(out: &mut DescriptorEncoder, state: &State) -> fmt::Result {
     if tenants.is_empty() {
         return Ok(());
     }
-    type Figure = fn(&State, &Tenant) -> Option<f64>;
+    type Figure = fn(&State, &Tenant) -> Option<i64>;
     let gauges: [(&str, &str, Option<Unit>, Figure); 5] = [
         (
             "tenant_runs_running",
             "Runs of each client node executing now.",
             None,
-            |_, t| Some(t.running.load(Relaxed) as f64),
+            |_, t| Some(t.running.load(Relaxed) as i64),
         ),
         (
             "tenant_runs_queued",
             "Runs of each client node waiting for a place.",
             None,
-            |_, t| Some(t.queued.load(Relaxed) as f64),
+            |_, t| Some(t.queued.load(Relaxed) as i64),
         ),
         (
             "tenant_weight",
@@ -324,7 +324,7 @@ fn tenants(out: &mut DescriptorEncoder, state: &State) -> fmt::Result {
             Some(Unit::Bytes),
             |state, t| {
                 let (buffers, in_flight) = state.device_bytes_of(&t.node);
-                Some((buffers + in_flight) as f64)
+                Some((buffers + in_flight) as i64)
             },
         ),
         (
@@ -332,7 +332,7 @@ fn tenants(out: &mut DescriptorEncoder, state: &State) -> fmt::Result {
             "Each client node's device memory quota (--tenant ...:max_device_bytes), where it \
              has one.",
             Some(Unit::Bytes),
-            |_, t| t.settings.max_device_bytes.map(|n| n as f64),
+            |_, t| t.settings.max_device_bytes.map(|n| n as i64),
         ),
     ];
     for (name, help, unit, figure) in gauges {
