@@ -51,7 +51,7 @@ defmodule XlaNode.Backend.Eager do
           args = inputs |> Program.take_used(used) |> Transfer.args(node)
 
           node
-          |> Transfer.run!(exe, args, keep_on_device: true)
+          |> Transfer.run!(exe, args, [keep_on_device: true] ++ priority())
           |> Enum.map(&Transfer.data(node, &1))
 
         _ ->
@@ -79,7 +79,7 @@ defmodule XlaNode.Backend.Eager do
   @impl true
   def __compile__(_key, vars, fun, opts) do
     node = Keyword.fetch!(opts, :node)
-    program_opts = [node: node, callbacks: :inside, keep_on_device: true]
+    program_opts = [node: node, callbacks: :inside, keep_on_device: true] ++ priority()
     info = Cache.node_info(node)
     Program.runner(Keyword.fetch!(opts, :cache_key), vars, fun, program_opts, info)
   end
@@ -89,6 +89,15 @@ defmodule XlaNode.Backend.Eager do
 
   @impl true
   def __to_backend__(opts), do: {Backend, node: Keyword.fetch!(opts, :node)}
+
+  # The `:priority` of the process's default backend options (`{XlaNode.Backend, node: n,
+  # priority: :low}`), which its eager operations run at.
+  defp priority do
+    case Nx.default_backend() do
+      {Backend, opts} -> Keyword.take(opts, [:priority])
+      _other -> []
+    end
+  end
 
   # Splits the arguments into the tensors (at the top level or in a list) and the rest, with
   # {Backend, :tensor} where each tensor was.
