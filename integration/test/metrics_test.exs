@@ -197,12 +197,22 @@ defmodule XlaNode.MetricsTest do
 
     assert m =~ "not alive"
 
-    # 24 runs whose callbacks wait take every place runs that call back may have: one more
-    # cannot start within its 100 ms queue_timeout.
+    # 24 runs whose callbacks wait: 22 take every place runs that call back of one client node
+    # may have (it leaves 2 to nodes with nothing in flight), 2 queue, and one more cannot start
+    # within its 100 ms queue_timeout.
     blocked = for _ <- 1..24, do: Task.async(fn -> run.(4.0, []) end)
 
+    go = fn n ->
+      for _ <- 1..n,
+          do:
+            receive(
+              do: ({:blocked, pid} -> send(pid, :go)),
+              after: (10_000 -> flunk("the runs' callbacks did not start"))
+            )
+    end
+
     waiting =
-      for _ <- 1..24 do
+      for _ <- 1..22 do
         receive do
           {:blocked, pid} -> pid
         after
@@ -212,6 +222,7 @@ defmodule XlaNode.MetricsTest do
 
     assert {:error, %XlaNode.Error{kind: :timeout}} = run.(4.0, queue_timeout: 100)
     Enum.each(waiting, &send(&1, :go))
+    go.(2)
     for task <- blocked, do: assert({:ok, [_]} = Task.await(task, 10_000))
 
     # A request :xla does not know; a buffer kept on the device.

@@ -63,12 +63,12 @@ impl<T> TenantQueue<T> {
     }
 
     /// The run this node would send now: (priority index, lane, id) of the first waiting run, by
-    /// priority then arrival, whose lane `admits`.
-    fn candidate(&self, admits: &impl Fn(Lane) -> bool) -> Option<(usize, Lane, u64)> {
+    /// priority then arrival, that `admits` takes (it is asked about the first run of each lane).
+    fn candidate(&self, admits: &impl Fn(Lane, &T) -> bool) -> Option<(usize, Lane, u64)> {
         self.lanes.iter().enumerate().find_map(|(priority, lanes)| {
             lanes
                 .iter()
-                .filter(|(lane, runs)| !runs.is_empty() && admits(**lane))
+                .filter(|(lane, runs)| runs.front().is_some_and(|r| admits(**lane, &r.item)))
                 .map(|(lane, runs)| (priority, *lane, runs[0].id))
                 .min_by_key(|&(_, _, id)| id)
         })
@@ -138,10 +138,10 @@ impl<T> FairQueue<T> {
         self.virtual_time = start;
     }
 
-    /// Takes the next run to admit: of the nodes with a run whose lane `admits`, the one with the
-    /// lowest pass (the earliest run on a tie), and of its runs the first by priority then
-    /// arrival.
-    pub fn pop(&mut self, admits: impl Fn(Lane) -> bool) -> Option<Popped<T>> {
+    /// Takes the next run to admit: of the nodes with a run that `admits` takes (asked about the
+    /// first run of each of a node's lanes), the one with the lowest pass (the earliest run on a
+    /// tie), and of its runs the first by priority then arrival.
+    pub fn pop(&mut self, admits: impl Fn(Lane, &T) -> bool) -> Option<Popped<T>> {
         let (tenant, (priority, lane, _)) = self
             .tenants
             .iter()
@@ -205,7 +205,7 @@ mod tests {
 
     /// Admits everything, in the queue's order: the tenants' names.
     fn drain(queue: &mut FairQueue<&'static str>) -> Vec<String> {
-        std::iter::from_fn(|| queue.pop(|_| true).map(|a| a.item.to_string())).collect()
+        std::iter::from_fn(|| queue.pop(|_, _| true).map(|a| a.item.to_string())).collect()
     }
 
     #[test]
@@ -246,7 +246,7 @@ mod tests {
             queue.push(&a, 1, Priority::Normal, Lane::Inline, "a");
         }
         for _ in 0..40 {
-            queue.pop(|_| true);
+            queue.pop(|_, _| true);
         }
         for _ in 0..10 {
             queue.push(&b, 1, Priority::Normal, Lane::Inline, "b");
@@ -311,12 +311,12 @@ mod tests {
         queue.push(&a, 1, Priority::High, Lane::Line(0), "a-line0");
         queue.push(&a, 1, Priority::Normal, Lane::CallingBack, "a-callback");
         queue.push(&b, 1, Priority::Normal, Lane::Line(1), "b-line1");
-        let not_device_0 = |lane: Lane| lane != Lane::Line(0);
+        let not_device_0 = |lane: Lane, _: &&str| lane != Lane::Line(0);
         let first = queue.pop(not_device_0).unwrap();
         let second = queue.pop(not_device_0).unwrap();
         assert_eq!([first.item, second.item], ["a-callback", "b-line1"]);
         assert!(queue.pop(not_device_0).is_none());
-        assert_eq!(queue.pop(|_| true).unwrap().item, "a-line0");
+        assert_eq!(queue.pop(|_, _| true).unwrap().item, "a-line0");
         assert!(queue.is_empty());
     }
 

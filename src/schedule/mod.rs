@@ -81,6 +81,11 @@ pub const MAX_RUNS: usize = 28;
 /// its callbacks take, so they may not take every place.
 pub const MAX_CALLING_BACK: usize = 24;
 
+/// Places a client node that has runs in flight leaves free, of [`MAX_RUNS`] and of
+/// [`MAX_CALLING_BACK`]: a node with nothing in flight never waits for a place while another node
+/// holds all the others, however many runs that one keeps queued.
+pub const RESERVED_PLACES: usize = 2;
+
 /// Runs of programs that may wait in XLA's line of queued computations ([`Lane::Line`]) admitted
 /// at once per device. XLA executes that line one computation after another, so a few keep it
 /// busy (one executing, the next ones uploading their arguments); more would only make every run
@@ -136,11 +141,18 @@ struct Admitted {
 }
 
 impl Admitted {
-    fn admits(&self, lane: Lane) -> bool {
-        self.running < MAX_RUNS
+    /// Whether a run of `tenant` in `lane` may start now. A node with runs in flight leaves
+    /// [`RESERVED_PLACES`] places (and as many of those for runs that call back) to the nodes
+    /// with none.
+    fn admits(&self, lane: Lane, tenant: &Tenant) -> bool {
+        let reserved = match tenant.running.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => RESERVED_PLACES,
+        };
+        self.running + reserved < MAX_RUNS
             && match lane {
                 Lane::Inline => true,
-                Lane::CallingBack => self.running_calling_back < MAX_CALLING_BACK,
+                Lane::CallingBack => self.running_calling_back + reserved < MAX_CALLING_BACK,
                 Lane::Line(device) => self.in_line.get(device).copied().unwrap_or(0) < MAX_IN_LINE,
             }
     }
@@ -183,7 +195,9 @@ impl State {
     /// The next queued run that may start now, taken off its queue and counted.
     fn next_admitted(&mut self) -> Option<(Lane, RunJob, Arc<Tenant>)> {
         let admitted = &self.admitted;
-        let next = self.queue.pop(|lane| admitted.admits(lane))?;
+        let next = self
+            .queue
+            .pop(|lane, queued: &Queued| admitted.admits(lane, &queued.tenant))?;
         let Queued { job, tenant, .. } = next.item;
         tenant.queued.fetch_sub(1, Ordering::Relaxed);
         self.admitted.start(next.lane, &tenant);
@@ -255,7 +269,7 @@ impl Scheduler {
         } = ticket;
         let weight = tenant.settings.weight;
         let mut state = self.lock();
-        if state.admitted.admits(lane) {
+        if state.admitted.admits(lane, &tenant) {
             state.admitted.start(lane, &tenant);
             state.queue.charge(&tenant.node, weight);
             drop(state);
