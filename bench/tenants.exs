@@ -2,23 +2,29 @@
 # node does to the tiny runs of two others, and the throughput two saturating client nodes get
 # under weights 3:1. Run by `bench/run.sh tenants` as
 #
-#     elixir --sname NAME --cookie COOKIE bench/tenants.exs NODE_BIN COOKIE
+#     elixir --sname NAME --cookie COOKIE -pa CLIENT_EBIN bench/tenants.exs NODE_BIN COOKIE
 #
 # with XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node of another build (a build of main, which
-# admits runs in arrival order) measured the same way in the same run, side by side.
-# XLA_NODE_BENCH_TENANTS_ROUNDS (default 3) repeats each build's measurement, alternating builds.
+# admits runs in arrival order) measured the same way in the same run, the builds alternating.
+# XLA_NODE_BENCH_TENANTS_ROUNDS (default 3) sets the rounds.
 #
-# Fair shares: two client nodes each send 300 tiny runs (f32[4] + 1), one at a time with 2 ms
-# between them, first alone (unloaded), then while a third floods the node with large runs
-# (f32[262144] * 2: 1 MiB in, 1 MiB out) from 40 processes, each keeping one in flight: more runs
-# than the node's 28 places. Reported: the tiny runs' median and p99 latency (the call to the
-# reply, on the client node), unloaded and flooded, and the flooded p99 over the unloaded p99
-# (the target: <= 2x); the node's own queue wait for them (`:info`'s tenants) where the build
-# has it; the flood's runs per second.
+# Tiny runs beside a flood: two client nodes each send 300 tiny runs, one at a time with 2 ms
+# between them, first alone (unloaded), then while a third floods the node from 40 processes,
+# each keeping one run in flight: more runs than the node's places. Two floods:
+#   held:  the flood's runs call back to a server on its node that answers after 20 ms (runs
+#          that hold a place long without using the CPU, as large runs on a GPU do); the tiny
+#          runs are x + 1 with one callback, answered at once on their own node;
+#   plain: the flood's runs are f32[262144] * 2 (1 MiB in, 1 MiB out); the tiny runs x + 1 on
+#          f32[4].
+# Reported: the tiny runs' median and p99 latency (the call to the reply, on the client node),
+# unloaded and flooded, and the flooded p99 over the unloaded p99 (the target: <= 2x); the
+# node's own queue wait for them (`:info`'s tenants) where the build has it; the flood's runs
+# per second.
 #
-# Weights: a node started with `--tenant bheavy*:weight=3`; two client nodes each run the same
-# program (f32[16384] * 2, 64 KiB each way) from 40 processes for 4 s; the runs each completed in
-# the last 3 s, and their ratio (the target: 3:1 within 10%).
+# Weights: a node started with `--tenant bsmalla*:weight=3` (a build without weights gets the
+# same load unweighted); two client nodes each keep 40 runs in flight whose callback answers
+# after 5 ms; the runs each completed in 3 s after a 1 s warm-up, and their ratio (the target:
+# 3:1 within 10%).
 Code.require_file("tenant_clients.ex", __DIR__)
 
 defmodule Bench.Tenants do
@@ -32,6 +38,13 @@ defmodule Bench.Tenants do
   }
   """
 
+  @large 262_144
+  @tiny_runs 300
+  @think_ms 2
+  @flood_procs 40
+  @held_ms 20
+  @weights_held_ms 5
+
   defp times_two(n) do
     """
     func.func @main(%x: tensor<#{n}xf32>) -> tensor<#{n}xf32> {
@@ -42,11 +55,14 @@ defmodule Bench.Tenants do
     """
   end
 
-  @large 262_144
-  @medium 16_384
-  @tiny_runs 300
-  @think_ms 2
-  @flood_procs 40
+  # main(callback handle, x: f32[4]) = what its one runtime_call returns.
+  defp calling_back do
+    XlaNode.MLIR.module(fn ->
+      XlaNode.MLIR.function("main", [{{:u, 8}, [8]}, {{:f, 32}, [4]}], fn [cb, x] ->
+        XlaNode.MLIR.runtime_call(cb, :bench, [x], [{{:f, 32}, [4]}])
+      end)
+    end)
+  end
 
   def main([bin, cookie]) do
     builds =
@@ -62,33 +78,58 @@ defmodule Bench.Tenants do
     results =
       for round <- 1..rounds, {label, path} <- builds, reduce: %{} do
         acc ->
-          IO.puts(:stderr, "round #{round}: #{label}")
-          fair = fair_shares(path, cookie, clients)
-          weights = weights(path, cookie, clients)
-          Map.update(acc, label, [{fair, weights}], &(&1 ++ [{fair, weights}]))
+          IO.puts(:stderr, "tenants: round #{round}: #{label}")
+
+          measured = %{
+            held: fair_shares(path, cookie, clients, :held),
+            plain: fair_shares(path, cookie, clients, :plain),
+            weights: weights(path, cookie, clients)
+          }
+
+          Map.update(acc, label, [measured], &(&1 ++ [measured]))
       end
 
     report(builds, results)
-    if length(builds) == 1, do: IO.puts("\n  (XLA_NODE_BENCH_BASELINE_BIN=path/to/a/build/of/main adds the same measurement of arrival order)")
+
+    if length(builds) == 1,
+      do: IO.puts("  (XLA_NODE_BENCH_BASELINE_BIN=path/to/a/build/of/main adds arrival order, measured alike)")
   end
 
-  defp fair_shares(bin, cookie, [flood, a, b]) do
+  defp fair_shares(bin, cookie, [flood, a, b], kind) do
     {node, port} = start_node(bin, cookie, [])
-    tiny = compile(node, @tiny)
-    large = compile(node, times_two(@large))
+
+    # {program, n, callback delay} of the tiny runs and of the flood's.
+    {tiny, flood_run} =
+      case kind do
+        :held ->
+          exe = compile(node, calling_back())
+          {{exe, 4, 0}, {exe, 4, @held_ms}}
+
+        :plain ->
+          {{compile(node, @tiny), 4, nil}, {compile(node, times_two(@large)), @large, nil}}
+      end
+
+    {tiny_exe, tiny_n, tiny_delay} = tiny
 
     small = fn ->
       [a, b]
       |> Enum.map(fn peer ->
-        Task.async(fn -> :erpc.call(peer, Clients, :latencies, [node, tiny, 4, @tiny_runs, @think_ms], :infinity) end)
+        args = [node, tiny_exe, tiny_n, @tiny_runs, @think_ms, tiny_delay]
+        Task.async(fn -> :erpc.call(peer, Clients, :latencies, args, :infinity) end)
       end)
       |> Enum.flat_map(&Task.await(&1, :infinity))
     end
 
-    # Warm: the programs have run on every client node once.
-    for peer <- [a, b, flood], do: :erpc.call(peer, Clients, :latencies, [node, tiny, 4, 20, 1], 60_000)
+    # Warm: the programs have run from every client node.
+    {flood_exe, flood_n, flood_delay} = flood_run
+
+    for peer <- [a, b] do
+      :erpc.call(peer, Clients, :latencies, [node, tiny_exe, tiny_n, 20, 1, tiny_delay], 60_000)
+    end
+
+    :erpc.call(flood, Clients, :latencies, [node, flood_exe, flood_n, 5, 1, flood_delay], 60_000)
     unloaded = small.()
-    load = :erpc.call(flood, Clients, :start_load, [node, large, @large, @flood_procs])
+    load = :erpc.call(flood, Clients, :start_load, [node, flood_exe, flood_n, @flood_procs, flood_delay])
     Process.sleep(1_000)
     before = Clients.completed(load)
     t0 = System.monotonic_time(:millisecond)
@@ -105,12 +146,7 @@ defmodule Bench.Tenants do
         _ -> nil
       end
 
-    %{
-      unloaded: unloaded,
-      flooded: flooded,
-      flood_per_s: flood_runs / elapsed_s,
-      node_waits: node_waits
-    }
+    %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_runs / elapsed_s, node_waits: node_waits}
   end
 
   defp weights(bin, cookie, [_flood, heavy, light]) do
@@ -118,8 +154,12 @@ defmodule Bench.Tenants do
     {help, 0} = System.cmd(bin, ["--help"])
     args = if help =~ "--tenant ", do: ["--tenant", "bsmalla*:weight=3"], else: []
     {node, port} = start_node(bin, cookie, args)
-    medium = compile(node, times_two(@medium))
-    loads = for peer <- [heavy, light], do: :erpc.call(peer, Clients, :start_load, [node, medium, @medium, @flood_procs])
+    exe = compile(node, calling_back())
+
+    loads =
+      for peer <- [heavy, light],
+          do: :erpc.call(peer, Clients, :start_load, [node, exe, 4, @flood_procs, @weights_held_ms])
+
     Process.sleep(1_000)
     first = Enum.map(loads, &Clients.completed/1)
     Process.sleep(3_000)
@@ -132,10 +172,15 @@ defmodule Bench.Tenants do
 
   defp report(builds, results) do
     IO.puts("\n## Client nodes: tiny runs beside a flood, and weights 3:1")
-    IO.puts("  tiny runs: #{@tiny_runs} per client node x 2, #{@think_ms} ms apart; flood: #{@flood_procs} processes of f32[#{@large}] * 2; one line per round")
 
-    for {label, _} <- builds do
-      for {{fair, weights}, round} <- Enum.with_index(results[label], 1) do
+    IO.puts(
+      "  #{@tiny_runs} tiny runs per client node x 2, #{@think_ms} ms apart; the flood from #{@flood_procs} processes " <>
+        "(held: runs whose callback answers after #{@held_ms} ms; plain: f32[#{@large}] * 2); one line per round"
+    )
+
+    for {label, _} <- builds, {measured, round} <- Enum.with_index(results[label], 1) do
+      for kind <- [:held, :plain] do
+        fair = measured[kind]
         {u50, u99} = {median(fair.unloaded), p99(fair.unloaded)}
         {f50, f99} = {median(fair.flooded), p99(fair.flooded)}
 
@@ -146,12 +191,18 @@ defmodule Bench.Tenants do
           end
 
         IO.puts(
-          "  #{label}, round #{round}: tiny p50 #{us(u50)} -> #{us(f50)}, p99 #{us(u99)} -> #{us(f99)} " <>
+          "  #{label}, round #{round}, #{kind} flood: tiny p50 #{us(u50)} -> #{us(f50)}, p99 #{us(u99)} -> #{us(f99)} " <>
             "(flooded p99 / unloaded p99 = #{ratio(f99 / u99)}x; target <= 2x)#{node_side}; " <>
-            "flood #{round(fair.flood_per_s)} runs/s; weights 3:1 -> #{weights.heavy}:#{weights.light} runs " <>
-            "(#{ratio(weights.heavy / max(weights.light, 1))}:1)"
+            "flood #{round(fair.flood_per_s)} runs/s"
         )
       end
+
+      %{heavy: h, light: l} = measured.weights
+
+      IO.puts(
+        "  #{label}, round #{round}, weights 3:1 (runs held #{@weights_held_ms} ms): #{h}:#{l} runs in 3 s " <>
+          "(#{ratio(h / max(l, 1))}:1; target 3:1 within 10%)"
+      )
     end
   end
 
@@ -183,11 +234,12 @@ defmodule Bench.Tenants do
     sname = "xla_bench_tenants_#{System.unique_integer([:positive])}"
     {:ok, host} = :inet.gethostname()
     node = :"#{sname}@#{host}"
+    command = ~s("$0" "$@" 2>/dev/null & pid=$!; read _; kill $pid)
 
     port =
       Port.open({:spawn_executable, "/bin/sh"}, [
         :binary,
-        args: ["-c", ~s("$0" "$@" 2>/dev/null & pid=$!; read _; kill $pid), bin, "--sname", sname, "--cookie", cookie] ++ args
+        args: ["-c", command, bin, "--sname", sname, "--cookie", cookie] ++ args
       ])
 
     Enum.find(1..100, fn _ ->
