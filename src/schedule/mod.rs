@@ -15,7 +15,7 @@
 //!    at once (`:overloaded`) when its node already has its `max_queued` runs waiting. A freed
 //!    place goes to the client nodes by weighted fair queueing, and within a node by priority,
 //!    then arrival (`fair.rs`): a node with runs waiting gets its share whatever another has
-//!    queued.
+//!    queued, and a node with nothing in flight a place at once ([`RESERVED_PLACES`]).
 //! 3. **Handed to a thread**: the admitted run goes to the executor's worker pool
 //!    (`xla/pool.rs`), whose queue starts a thread whenever none is idle (up to 256, far above
 //!    [`MAX_RUNS`]): an admitted run never waits there for a thread, only for one to wake.

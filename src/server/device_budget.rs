@@ -1,13 +1,15 @@
-//! `--max-device-bytes`: a bound on the device memory the node's clients may take, checked before
-//! XLA allocates anything.
+//! `--max-device-bytes` and the client nodes' quotas (`--tenant ...:max_device_bytes`): bounds on
+//! the device memory the node's clients may take, all together and each client node, checked
+//! before XLA allocates anything.
 //!
 //! What counts is what is actually on the device: the buffers clients keep there (the resource
-//! table's `buffer_bytes`) and, while they last, the bytes of transfers and runs in flight (a
-//! `to_device`'s array, a run's host arguments and its results, known from the executable's
-//! signature). A request that would take the total past the bound is answered
-//! `{:error, {:resource_exhausted, message}}` and allocates nothing; everyone else is served on.
-//! Without a bound (the default) nothing is refused: a device's memory is the plugin's to
-//! report, and the CPU plugin reports none.
+//! table's `buffer_bytes`, and each client node's share of them) and, while they last, the bytes
+//! of transfers and runs in flight (a `to_device`'s array, a run's host arguments and its
+//! results, known from the executable's signature), also by client node. A request that would
+//! take its node past its quota is answered `{:error, {:quota, message}}`, one that would take
+//! the total past the node's bound `{:error, {:resource_exhausted, message}}`; either allocates
+//! and frees nothing, and everyone else is served on. Without a bound (the default) nothing is
+//! refused: a device's memory is the plugin's to report, and the CPU plugin reports none.
 
 use super::error::RequestError;
 use super::resources::Resources;
