@@ -92,7 +92,10 @@ defmodule Bench.Tenants do
     report(builds, results)
 
     if length(builds) == 1,
-      do: IO.puts("  (XLA_NODE_BENCH_BASELINE_BIN=path/to/a/build/of/main adds arrival order, measured alike)")
+      do:
+        IO.puts(
+          "  (XLA_NODE_BENCH_BASELINE_BIN=path/to/a/build/of/main adds arrival order, measured alike)"
+        )
   end
 
   defp fair_shares(bin, cookie, [flood, a, b], kind) do
@@ -129,7 +132,16 @@ defmodule Bench.Tenants do
 
     :erpc.call(flood, Clients, :latencies, [node, flood_exe, flood_n, 5, 1, flood_delay], 60_000)
     unloaded = small.()
-    load = :erpc.call(flood, Clients, :start_load, [node, flood_exe, flood_n, @flood_procs, flood_delay])
+
+    load =
+      :erpc.call(flood, Clients, :start_load, [
+        node,
+        flood_exe,
+        flood_n,
+        @flood_procs,
+        flood_delay
+      ])
+
     Process.sleep(1_000)
     before = Clients.completed(load)
     t0 = System.monotonic_time(:millisecond)
@@ -146,7 +158,12 @@ defmodule Bench.Tenants do
         _ -> nil
       end
 
-    %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_runs / elapsed_s, node_waits: node_waits}
+    %{
+      unloaded: unloaded,
+      flooded: flooded,
+      flood_per_s: flood_runs / elapsed_s,
+      node_waits: node_waits
+    }
   end
 
   defp weights(bin, cookie, [_flood, heavy, light]) do
@@ -158,7 +175,8 @@ defmodule Bench.Tenants do
 
     loads =
       for peer <- [heavy, light],
-          do: :erpc.call(peer, Clients, :start_load, [node, exe, 4, @flood_procs, @weights_held_ms])
+          do:
+            :erpc.call(peer, Clients, :start_load, [node, exe, 4, @flood_procs, @weights_held_ms])
 
     Process.sleep(1_000)
     first = Enum.map(loads, &Clients.completed/1)
@@ -186,8 +204,12 @@ defmodule Bench.Tenants do
 
         node_side =
           case fair.node_waits do
-            nil -> ""
-            waits -> "; node queue wait p50/p99 " <> Enum.map_join(waits, ", ", &"#{us(&1.p50)}/#{us(&1.p99)}")
+            nil ->
+              ""
+
+            waits ->
+              "; node queue wait p50/p99 " <>
+                Enum.map_join(waits, ", ", &"#{us(&1.p50)}/#{us(&1.p99)}")
           end
 
         IO.puts(
