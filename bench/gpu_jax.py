@@ -40,7 +40,8 @@ def main():
     parser.add_argument("--small", action="store_true",
                         help="small sizes, for trying the benchmark out on a CPU")
     args = parser.parse_args()
-    os.environ["JAX_PLATFORMS"] = args.platform
+    # pure_callback places its operands on a CPU device, which JAX must have besides the GPU.
+    os.environ["JAX_PLATFORMS"] = "cuda,cpu" if args.platform == "cuda" else "cpu"
     # Several processes share the GPU in turn (JAX here, then the node): take memory as needed.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 

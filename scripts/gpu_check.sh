@@ -4,11 +4,12 @@
 #      a release build); on a machine without an NVIDIA driver it stops here, with one message;
 #   2. the node on that plugin: it starts, `:info` names the platform and devices, a tiny
 #      program runs and a tensor goes to the device and back (scripts/gpu_check_node.exs);
-#   3. the integration suite with every node it starts on that plugin (XLA_NODE_PJRT_PLUGIN,
+#   3. bench/run.sh gpu: the node against JAX on the same GPU, alone on it;
+#   4. the integration suite with every node it starts on that plugin (XLA_NODE_PJRT_PLUGIN,
 #      XLA_NODE_EXTRA_ARGS): compile and run, buffers, transfers, every callback kind, the
 #      errors; the tests tagged :cpu_only are excluded there by the suite itself;
-#   4. elixir_nx's suite on that plugin, where NX_PATH points at a local Nx checkout;
-#   5. bench/run.sh gpu: the node against JAX on the same GPU.
+#   5. side by side with it, elixir_nx's suite on that plugin, where NX_PATH points at a local
+#      Nx checkout (its CPU-only and four-device tests likewise excluded elsewhere).
 # and ends with one line: "gpu_check: N passed, N failed, N skipped on PLATFORM (DEVICES); ...".
 # Exit status 0 when nothing failed. Each step's output is in target/gpu_check/TIME/.
 #
@@ -17,7 +18,8 @@
 #   --plugin cpu    the PJRT CPU plugin, JAX on CPU and small benchmark sizes: the same check,
 #                   end to end, on a machine without a GPU
 #   --plugin PATH   a PJRT plugin already there (e.g. JAX's own xla_cuda_plugin.so in
-#                   site-packages); no set-up is run, the node binary must be built
+#                   site-packages); no set-up is run: the node binary must be built, and the
+#                   test fixtures (scripts/kernels.sh) are built only if they are missing
 #   --quick         leaves out the integration tests tagged :slow, and takes small benchmark
 #                   sizes
 # Environment: XLA_NODE_BIN (the node binary, default target/release/xla_node); NX_PATH (and
@@ -114,8 +116,10 @@ count_exunit() {
     notes+=("$what: $line")
 }
 
-# The integration suite and the benchmark's callback and kernel parts need these fixtures.
-if ! scripts/kernels.sh >"$logs/kernels.log" 2>&1; then
+# The integration suite and the benchmark's callback and kernel parts need these fixtures. With
+# --plugin PATH nothing is set up where they are built already (a machine without network).
+if { [ "$plugin" = cuda ] || [ "$plugin" = cpu ] || [ ! -f target/kernels/libxn_test_kernels_ffi02.so ]; } &&
+    ! scripts/kernels.sh >"$logs/kernels.log" 2>&1; then
     failed=$((failed + 1))
     notes+=("scripts/kernels.sh failed (see $logs/kernels.log)")
 fi
@@ -143,26 +147,7 @@ wait "$node_pid" 2>/dev/null
 device=$(cat "$logs/device.txt" 2>/dev/null || echo "device unknown")
 log "node: $device"
 
-# 3. The integration suite.
-log "integration suite (log: $logs/integration.log)"
-suite_args=()
-! $quick || suite_args=(--exclude slow)
-(cd integration && MIX_ENV=test XLA_NODE_BIN="$bin" XLA_NODE_PJRT_PLUGIN="$plugin_path" \
-    XLA_NODE_EXTRA_ARGS="$node_args" elixir --sname "gpu_check_itest_$$" --cookie xla_test \
-    -S mix test "${suite_args[@]}" </dev/null) >"$logs/integration.log" 2>&1
-count_exunit integration "$logs/integration.log"
-
-# 4. elixir_nx's suite, where Nx is present.
-if [ -n "${NX_PATH:-}" ]; then
-    log "elixir_nx suite (log: $logs/elixir_nx.log)"
-    (cd elixir_nx && MIX_ENV=test XLA_NODE_BIN="$bin" XLA_NODE_PJRT_PLUGIN="$plugin_path" \
-        XLA_NODE_EXTRA_ARGS="$node_args" mix test </dev/null) >"$logs/elixir_nx.log" 2>&1
-    count_exunit elixir_nx "$logs/elixir_nx.log"
-else
-    notes+=("elixir_nx: skipped (NX_PATH is not set)")
-fi
-
-# 5. The benchmark.
+# 3. The benchmark, first and alone on the device.
 log "bench/run.sh gpu (log: $logs/bench.log)"
 small=""
 { $quick || [ "$plugin" = cpu ]; } && small=1
@@ -174,6 +159,29 @@ else
     failed=$((failed + 1))
     notes+=("bench/run.sh gpu failed (see $logs/bench.log)")
 fi
+
+# 4. The integration suite and 5. elixir_nx's suite (where Nx is present), side by side: each
+# starts its own nodes (off CPU they share the device's memory, --preallocate false).
+# Each node the suites start keeps its output under nodes/, and integration_trace.txt says
+# which tests started and finished (what a run stopped from outside was waiting on).
+suite_args=()
+! $quick || suite_args=(--exclude slow)
+export XLA_NODE_TEST_LOG_DIR="$logs/nodes"
+log "integration suite (log: $logs/integration.log)"
+(cd integration && MIX_ENV=test XLA_NODE_BIN="$bin" XLA_NODE_PJRT_PLUGIN="$plugin_path" \
+    XLA_NODE_EXTRA_ARGS="$node_args" XLA_NODE_TEST_TRACE="$logs/integration_trace.txt" elixir --sname "gpu_check_itest_$$" --cookie xla_test \
+    -S mix test "${suite_args[@]}" </dev/null) >"$logs/integration.log" 2>&1 &
+integration_pid=$!
+if [ -n "${NX_PATH:-}" ]; then
+    log "elixir_nx suite (log: $logs/elixir_nx.log)"
+    (cd elixir_nx && MIX_ENV=test XLA_NODE_BIN="$bin" XLA_NODE_PJRT_PLUGIN="$plugin_path" \
+        XLA_NODE_EXTRA_ARGS="$node_args" mix test </dev/null) >"$logs/elixir_nx.log" 2>&1
+    count_exunit elixir_nx "$logs/elixir_nx.log"
+else
+    notes+=("elixir_nx: skipped (NX_PATH is not set)")
+fi
+wait "$integration_pid"
+count_exunit integration "$logs/integration.log"
 
 for note in "${notes[@]}"; do log "$note"; done
 printf 'gpu_check: %d passed, %d failed, %d skipped on %s; logs in %s\n' \

@@ -242,6 +242,8 @@ defmodule XlaNode.CompilerTest do
     assert lowered(&Nx.top_k(&1, k: 2), [top]) =~ "chlo.top_k"
   end
 
+  # The test kernel library is written for host memory.
+  @tag :cpu_only
   test "Nx.block through XlaNode.Compiler.CustomCall: a kernel loaded on the node, or the default" do
     library = XlaNode.NxTest.Node.kernel_library!()
     :ok = XlaNode.load_kernel(xla(), "xn_add_scaled", library, "xn_add_scaled")

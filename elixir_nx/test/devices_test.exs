@@ -7,6 +7,8 @@ defmodule XlaNode.NxDevicesTest do
   """
   # The per-device run counts are the node's, shared with other modules' runs.
   use ExUnit.Case, async: false
+  # The CPU plugin's four devices (test_helper.exs excludes the module on fewer).
+  @moduletag :multi_device
 
   defp xla, do: Application.fetch_env!(:xla_node_nx, :test_node).name
 

@@ -14,6 +14,9 @@ defmodule XlaNode.OpsTest do
   # and `:ref` compares with another expression where the Evaluator's own result is wrong.
   # All cases of one table and one type run as one program.
   use ExUnit.Case, async: true
+  # Each table's test compiles one program per operation, option set and type: a few hundred,
+  # minutes on a busy 2-core machine.
+  @moduletag timeout: 600_000
 
   import Nx.Defn
 

@@ -11,6 +11,8 @@ defmodule XlaNode.ShardJitTest do
   """
   # Counts the compiles telemetry reports, which other modules' tests would add to.
   use ExUnit.Case, async: false
+  # The CPU plugin's four devices (test_helper.exs excludes the module on fewer).
+  @moduletag :multi_device
 
   alias Nx.Mesh
 

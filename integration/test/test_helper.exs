@@ -13,6 +13,8 @@
 #   XLA_NODE_PJRT_PLUGIN  PJRT plugin passed as --pjrt-plugin (default: the installed CPU plugin)
 #   XLA_NODE_EXTRA_ARGS   more arguments for every node the suite starts (shell-quoted), e.g.
 #                         "--preallocate false" (scripts/gpu_check.sh runs the suite this way)
+#   XLA_NODE_TEST_TRACE   a file where each test's start and end are written (XlaNode.TestTrace)
+#   XLA_NODE_TEST_LOG_DIR a folder where every node the suite starts also writes its output
 #
 # Tests tagged :cpu_only hold only on XLA's CPU platform (native CPU kernels, exact CPU float
 # results, CPU-specific XLA faults, the CPU client's device count, ...). When either variable
@@ -29,4 +31,10 @@ platform = XlaNode.Harness.probe_platform()
 Application.put_env(:xla_node_integration, :platform, platform)
 cpu_only = if platform == "cpu", do: [], else: [:cpu_only]
 if cpu_only != [], do: IO.puts("platform #{platform}: excluding the tests tagged :cpu_only")
-ExUnit.start(exclude: [:known_bug | cpu_only], capture_log: true)
+
+formatters =
+  if System.get_env("XLA_NODE_TEST_TRACE"),
+    do: [ExUnit.CLIFormatter, XlaNode.TestTrace],
+    else: [ExUnit.CLIFormatter]
+
+ExUnit.start(exclude: [:known_bug | cpu_only], capture_log: true, formatters: formatters)

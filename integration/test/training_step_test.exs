@@ -10,7 +10,7 @@ defmodule XlaNode.TrainingStepTest do
   """
   use ExUnit.Case, async: true
 
-  alias XlaNode.{Harness, Load, Tensor}
+  alias XlaNode.{Harness, Tensor}
 
   @steps 10
 
@@ -209,7 +209,7 @@ defmodule XlaNode.TrainingStepTest do
 
     test "a free of something that is not a reference is an ArgumentError" do
       assert_raise ArgumentError, ~r/XlaNode.free_later\/1 takes the reference/, fn ->
-        XlaNode.free_later(:"xla@host")
+        XlaNode.free_later(:xla@host)
       end
     end
   end
@@ -282,45 +282,85 @@ defmodule XlaNode.TrainingStepTest do
   end
 
   describe "a run whose results all stay on the device" do
-    # The run's completion is held on a callback that the test answers itself: the order of
-    # events, not their durations, shows that the launch is answered before the run completes.
+    # Two 1024^3 products: a program XLA queues (on the CPU) or enqueues on the device's stream,
+    # rather than running it within `Execute`.
+    @heavy """
+    func.func @main(%s: tensor<f32>) -> tensor<1024x1024xf32> {
+      %a = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<1024x1024xf32>
+      %b = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      %c = stablehlo.dot_general %b, %a, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      %d = stablehlo.dot_general %c, %b, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+      return %d : tensor<1024x1024xf32>
+    }
+    """
+
+    # The same products, then a callback on four of their entries: while the test holds the
+    # callback's reply, this run has not completed, and a run launched after it (XLA's CPU client
+    # executes queued programs in order, client-wide) cannot complete either. The order of events, not their durations, is what the test asserts.
+    defp holding_program do
+      alias XlaNode.MLIR, as: M
+
+      M.module(fn ->
+        M.function("main", [{{:u, 8}, [8]}, {{:f, 32}, []}], fn [cb, s] ->
+          a = M.broadcast_in_dim(s, [1024, 1024], [])
+          b = M.dot_general(a, a)
+          c = M.dot_general(b, a)
+          head = c |> M.slice([0, 0], [1, 4]) |> M.reshape([4])
+          M.runtime_call(cb, :hold, [head], [{{:f, 32}, [4]}])
+        end)
+      end)
+    end
+
+    # Starts a run of the holding program whose callback comes to the test; returns the task that
+    # asked for it and the callback's reply tag, once the callback is waiting.
+    defp hold(node, exe, s) do
+      test = self()
+      held = Task.async(fn -> call(node, {:run, exe, [s], [callback_server: test]}) end)
+      assert_receive {:exla_runtime_call, :hold, [{head, _}], reply_tag}, 60_000
+      {held, reply_tag, head}
+    end
+
+    defp release({held, {pid, ref}, head}) do
+      send(pid, {ref, {:ok, [head]}})
+      assert {:ok, [{^head, _}]} = Task.await(held, 60_000)
+    end
+
+    # On the CPU only: a GPU client enqueues a run's kernels as its host thread goes through the
+    # program, so a run held at a callback does not hold the runs launched after it, and nothing
+    # the test controls can hold a run that does not call back.
+    @tag :cpu_only
     test "is answered once launched; a read waits for it; wait: true answers at completion", %{
       node: node
     } do
-      {:ok, exe} = call(node, {:compile, Load.callback_program(:held)})
-      {xbin, _} = x = Load.f32(1.0, 4)
-      expected = Load.plus_one(xbin)
+      {:ok, exe} = call(node, {:compile, @heavy})
+      {:ok, holder} = call(node, {:compile, holding_program()})
+      s = Tensor.scalar(0.125, {:f, 32})
+      # Every entry 0.125^5 * 1024^4 = 2^25, exact in f32.
+      expected = 33_554_432.0
 
-      # The test process asks for the run and is its callback server: the callback waits in its
-      # mailbox, unanswered, while the launch reply comes back.
-      assert {:ok, [buffer]} =
-               call(node, {:run, exe, [x], [keep_on_device: true, callback_server: self()]})
-
-      assert_receive {:exla_runtime_call, :held, [{^xbin, _}], {pid, ref}}, 60_000
-      assert info(node).runs_running == 1, "answered while the run still executes"
-
+      held = hold(node, holder, s)
+      assert {:ok, [buffer]} = call(node, {:run, exe, [s], [keep_on_device: true]})
+      assert info(node).runs_running == 2, "answered while the run still executes"
       read = Task.async(fn -> call(node, {:read, buffer}) end)
       assert Task.yield(read, 200) == nil, "the read answered before the run completed"
-      send(pid, {ref, {:ok, [expected]}})
-      assert {:ok, {^expected, _}} = Task.await(read, 60_000)
+      release(held)
+      assert {:ok, {data, _}} = Task.await(read, 60_000)
+      assert <<^expected::float-little-32, _::binary>> = data
 
-      # With wait: true the reply waits for the completion, hence for the callback's answer. The
-      # task that asks reads the result itself: the buffer is its own.
-      test_pid = self()
+      held = hold(node, holder, s)
+      test = self()
 
       waited =
         Task.async(fn ->
-          {:ok, [w]} =
-            call(node, {:run, exe, [x], [keep_on_device: true, wait: true, callback_server: test_pid]})
-
+          {:ok, [w]} = call(node, {:run, exe, [s], [keep_on_device: true, wait: true]})
+          send(test, :waited_answered)
           call(node, {:read, w})
         end)
 
-      assert_receive {:exla_runtime_call, :held, [{^xbin, _}], {pid, ref}}, 60_000
-      assert Task.yield(waited, 200) == nil, "wait: true answered before the run completed"
-      send(pid, {ref, {:ok, [expected]}})
-      assert {:ok, {^expected, _}} = Task.await(waited, 60_000)
-      GenServer.cast({:xla, node.name}, {:free, [buffer, exe]})
+      refute_receive :waited_answered, 200, "wait: true answered before the run completed"
+      release(held)
+      assert {:ok, {^data, _}} = Task.await(waited, 60_000)
+      GenServer.cast({:xla, node.name}, {:free, [buffer, exe, holder]})
     end
   end
 end

@@ -19,16 +19,29 @@ defmodule XlaNode.NxTest.Node do
     {:ok, host} = :inet.gethostname()
     name = :"#{sname}@#{host}"
     # Through a shell that ends the node when this VM closes the port (its standard input),
-    # however the test run ends.
+    # however the test run ends. With XLA_NODE_TEST_LOG_DIR (scripts/gpu_check.sh sets it) the
+    # node's output is also kept there, for a look after the run.
+    {log_env, redirect} =
+      case System.get_env("XLA_NODE_TEST_LOG_DIR") do
+        nil ->
+          {[], ""}
+
+        dir ->
+          File.mkdir_p!(dir)
+
+          {[{~c"XLA_NODE_TEST_LOG", String.to_charlist(Path.join(dir, "#{sname}.log"))}],
+           ~s( >>"$XLA_NODE_TEST_LOG" 2>&1)}
+      end
+
     port =
       Port.open({:spawn_executable, "/bin/sh"}, [
         :binary,
         :exit_status,
-        env: [{~c"XLA_NODE_LOG", ~c"warn"}],
+        env: [{~c"XLA_NODE_LOG", ~c"warn"} | log_env],
         args:
           [
             "-c",
-            ~s("$0" "$@" & pid=$!; read _; kill $pid),
+            ~s("$0" "$@"#{redirect} & pid=$!; read _; kill $pid),
             bin,
             "--sname",
             sname,

@@ -129,6 +129,17 @@ defmodule XlaNode.Harness do
   one test module at a time: it is idempotent, but two runs at once would build the same files.
   """
   def ensure_kernels! do
+    if Application.get_env(:xla_node_integration, :platform, "cpu") != "cpu" and
+         Enum.all?(["02", "03"], &File.exists?(kernel_library(&1))) do
+      # Off the CPU the suite only loads the libraries (its tests against JAX, the counterpart
+      # kernels.sh installs, run on the CPU alone): built already, nothing is fetched.
+      :ok
+    else
+      run_kernels_script!()
+    end
+  end
+
+  defp run_kernels_script! do
     script = Path.join(project_dir(), "../scripts/kernels.sh")
 
     {out, status} =
@@ -293,7 +304,10 @@ defmodule XlaNode.Harness do
     with {:ok, dist_port} <- wait_epmd(node, timeout),
          node = %{node | dist_port: dist_port},
          :ok <-
-           if(Keyword.get(opts, :wait_ready, true), do: wait_ready(node, opts, timeout), else: :ok) do
+           if(Keyword.get(opts, :wait_ready, true),
+             do: wait_ready(node, opts, timeout),
+             else: :ok
+           ) do
       node
     else
       {:error, why} ->
@@ -685,7 +699,9 @@ defmodule XlaNode.Harness.NodeProc do
       end
 
     {:os_pid, os_pid} = Port.info(port, :os_pid)
-    {:ok, %{port: port, os_pid: os_pid, log: [], status: nil, waiters: []}}
+
+    {:ok,
+     %{port: port, os_pid: os_pid, log: [], status: nil, waiters: [], copy: copy(args, os_pid)}}
   end
 
   @impl true
@@ -708,10 +724,14 @@ defmodule XlaNode.Harness.NodeProc do
   end
 
   @impl true
-  def handle_info({port, {:data, data}}, %{port: port} = s),
-    do: {:noreply, %{s | log: [data | s.log]}}
+  def handle_info({port, {:data, data}}, %{port: port} = s) do
+    if s.copy, do: File.write(s.copy, data, [:append])
+    {:noreply, %{s | log: [data | s.log]}}
+  end
 
   def handle_info({port, {:exit_status, status}}, %{port: port} = s) do
+    if s.copy, do: File.write(s.copy, "\n[exit status #{status}]\n", [:append])
+
     for {_, from} <- s.waiters, do: GenServer.reply(from, {:ok, status})
     {:noreply, %{s | status: status, waiters: []}}
   end
@@ -728,4 +748,14 @@ defmodule XlaNode.Harness.NodeProc do
   end
 
   def handle_info(_, s), do: {:noreply, s}
+
+  # XLA_NODE_TEST_LOG_DIR (scripts/gpu_check.sh sets it): every node's output is also written
+  # there, one file per node, for a look after the run.
+  defp copy(args, os_pid) do
+    with dir when is_binary(dir) <- System.get_env("XLA_NODE_TEST_LOG_DIR") do
+      File.mkdir_p!(dir)
+      name = args |> Enum.drop_while(&(&1 != "--sname")) |> Enum.at(1, "node")
+      Path.join(dir, "#{name}_#{os_pid}.log")
+    end
+  end
 end

@@ -10,27 +10,44 @@ defmodule XlaNode.PoolHelpers do
   alias XlaNode.Tensor
 
   @doc """
-  Starts (unlinked) a callback server and its log; each callback waits `delay_ms` before it
-  answers. Returns `{server, log}`.
+  Starts (unlinked) a callback server, its log and its gate; each callback is written down, then
+  waits while the gate is closed (`close_gate/1`, `open_gate/1`) and `delay_ms` more before it
+  answers. Returns `{server, log, gate}`.
   """
   def start_recording_server(delay_ms) do
     {:ok, log} = Agent.start(fn -> [] end)
+    {:ok, gate} = Agent.start(fn -> :open end)
 
     callbacks = %{
       double: fn [x] ->
         record(log, :double, x)
+        pass(gate)
         Process.sleep(delay_ms)
         {:ok, [Tensor.from_list(Enum.map(Tensor.to_list(x), &(&1 * 2)), {:f, 32})]}
       end,
       log: fn [x] ->
         record(log, :log, x)
+        pass(gate)
         Process.sleep(delay_ms)
         {:ok, []}
       end
     }
 
     {:ok, server} = XlaNode.CallbackServer.start(callbacks)
-    {server, log}
+    {server, log, gate}
+  end
+
+  @doc "Holds every callback of the server, once written down, until `open_gate/1`."
+  def close_gate(gate), do: Agent.update(gate, fn _ -> :closed end)
+
+  @doc "Lets the held callbacks answer."
+  def open_gate(gate), do: Agent.update(gate, fn _ -> :open end)
+
+  defp pass(gate) do
+    if Agent.get(gate, & &1) == :closed do
+      Process.sleep(5)
+      pass(gate)
+    end
   end
 
   @doc "Every callback served so far, as `{callback_id, first element of the argument}`."
