@@ -402,11 +402,15 @@ defmodule XlaNode do
 
   @doc """
   The node's status: a map with keys such as `:node`, `:version`, `:uptime_ms`, `:peers`,
-  `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`.
+  `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`, and
+  `:tenants`, each client node's runs, queue wait, device memory and refusals (this node's under
+  `node()`).
 
   Options: `:timeout` (default `60_000`).
 
       {:ok, %{platform: "cpu", devices: devices}} = XlaNode.info(:"xla@host")
+      {:ok, %{tenants: tenants}} = XlaNode.info(:"xla@host")
+      %{runs_queued: _, device_bytes: _, refusals: _} = tenants[node()]
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))

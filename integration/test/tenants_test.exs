@@ -366,7 +366,7 @@ defmodule XlaNode.TenantsTest do
       assert text =~ "needs #{@big_n * 4} bytes"
 
       # A run whose kept results would not fit is refused too, when it arrives.
-      {:ok, wide} = call(ctx.node, {:compile, wide_program(@big_n)})
+      {:ok, wide} = call(ctx.node, {:compile, Load.wide_program(@big_n)})
 
       assert {:error, {:quota, run_text}} =
                TenantLoad.ask(
@@ -494,16 +494,5 @@ defmodule XlaNode.TenantsTest do
       assert body =~ ~s(xla_node_tenant_run_queue_wait_seconds_count{node="#{etl.node}"} 1)
       assert body =~ ~s(xla_node_tenant_runs_queued{node="#{web.node}"} 0)
     end
-  end
-
-  # `main(x: f32[4]) -> f32[n]`: x's first element, broadcast.
-  defp wide_program(n) do
-    """
-    func.func @main(%x: tensor<4xf32>) -> tensor<#{n}xf32> {
-      %s = stablehlo.slice %x [0:1] : (tensor<4xf32>) -> tensor<1xf32>
-      %y = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1xf32>) -> tensor<#{n}xf32>
-      return %y : tensor<#{n}xf32>
-    }
-    """
   end
 end

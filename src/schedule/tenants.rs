@@ -146,10 +146,10 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
-/// A bound that may be `infinity`: `Some(None)` in [`TenantKeys`].
+/// A bound; `None`: `infinity`.
 type Bound<T> = Option<T>;
 
-/// What one rule sets; `None`: left unset.
+/// What one rule sets; `None`: left unset (a bound set to `infinity` is `Some(None)`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantKeys {
     pub weight: Option<u32>,
@@ -158,8 +158,8 @@ pub struct TenantKeys {
 }
 
 impl TenantKeys {
-    /// Sets `key` from `value` (a flag's text); a key already set by this same source is an
-    /// error.
+    /// Sets `key` from `value` (a flag's text or a file's term); a key given twice in one rule
+    /// is an error.
     fn set(&mut self, key: &str, value: Value<'_>) -> Result<(), String> {
         let twice = |set: bool| match set {
             true => Err(format!("{key} is given twice")),

@@ -396,7 +396,7 @@ fn execute(
 
 /// Replies with a run's results or its error, and counts it: every run that was parsed ends
 /// here, once (a lookup or argument error, a refusal, XLA's result), except a run whose
-/// `queue_timeout` passed, which the scheduler counts among its queue timeouts.
+/// `queue_timeout` passed or that was refused as overloaded, which the scheduler counts apart.
 fn reply(state: &State, from: &Caller, results: Result<Vec<Term>, RequestError>) {
     state.runs().record(results.is_err());
     state.tenant_of(&from.pid).answered();

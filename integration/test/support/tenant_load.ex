@@ -21,27 +21,14 @@ defmodule XlaNode.TenantLoad do
 
   @doc """
   Sends one run of `exe` per `seq` in `seqs` from this node, each from a process of its own,
-  with argument `arg(tag, seq)` and run options `opts`; each process reports
-  `{:answered, {tag, seq}, reply}` to `report_to` once answered. Returns once all are sent.
+  with argument `arg(tag, seq)` and run options `opts`, as a raw `GenServer.call`; each process
+  reports `{:answered, {tag, seq}, reply}` to `report_to` once answered. Returns once all are
+  sent, one after another: their arrival order is the order given.
   """
   def submit(node, exe, tag, seqs, opts, report_to) do
-    for seq <- seqs do
-      parent = self()
-
-      spawn(fn ->
-        request = {:run, exe, [arg(tag, seq)], opts}
-        send(parent, {:sending, seq})
-        reply = GenServer.call({:xla, node}, request, :infinity)
-        send(report_to, {:answered, {tag, seq}, reply})
-      end)
-
-      # One after another: their arrival order is the order given.
-      receive do
-        {:sending, ^seq} -> Process.sleep(1)
-      end
-    end
-
-    :ok
+    send_runs(tag, seqs, report_to, fn x ->
+      GenServer.call({:xla, node}, {:run, exe, [x], opts}, :infinity)
+    end)
   end
 
   @doc """
@@ -49,13 +36,16 @@ defmodule XlaNode.TenantLoad do
   `{:answered, {tag, seq}, result}`.
   """
   def submit_with_client(node, exe, tag, seqs, opts, report_to) do
-    for seq <- seqs do
-      parent = self()
+    send_runs(tag, seqs, report_to, &XlaNode.run(node, exe, [&1], opts))
+  end
 
+  defp send_runs(tag, seqs, report_to, run) do
+    parent = self()
+
+    for seq <- seqs do
       spawn(fn ->
         send(parent, {:sending, seq})
-        result = XlaNode.run(node, exe, [arg(tag, seq)], opts)
-        send(report_to, {:answered, {tag, seq}, result})
+        send(report_to, {:answered, {tag, seq}, run.(arg(tag, seq))})
       end)
 
       receive do
