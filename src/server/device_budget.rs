@@ -41,16 +41,18 @@ pub struct Reservation<'a> {
     bytes: u64,
 }
 
+impl Reservation<'_> {
+    /// Gives `bytes` of it back now (at most what it holds), keeping the rest.
+    pub fn give_back(&mut self, bytes: u64) {
+        let bytes = bytes.min(self.bytes);
+        self.budget.release(&self.node, bytes);
+        self.bytes -= bytes;
+    }
+}
+
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        let mut in_flight = self.budget.lock();
-        in_flight.total -= self.bytes;
-        if let Some(n) = in_flight.by_node.get_mut(&self.node) {
-            *n -= self.bytes;
-            if *n == 0 {
-                in_flight.by_node.remove(&self.node);
-            }
-        }
+        self.budget.release(&self.node, self.bytes);
     }
 }
 
@@ -65,6 +67,18 @@ impl DeviceBudget {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InFlight> {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `bytes` of `node`'s reservations are no longer in flight.
+    fn release(&self, node: &str, bytes: u64) {
+        let mut in_flight = self.lock();
+        in_flight.total -= bytes;
+        if let Some(n) = in_flight.by_node.get_mut(node) {
+            *n -= bytes;
+            if *n == 0 {
+                in_flight.by_node.remove(node);
+            }
+        }
     }
 
     /// The bound, if any.
@@ -189,9 +203,11 @@ mod tests {
         let text = refused.to_string();
         assert!(text.contains("needs 41 bytes") && text.contains("60 are held"));
         assert!(text.contains("limit is 100"), "{text}");
-        let second = budget.reserve(&resources, "a run", 40, &tenant).unwrap();
+        let mut second = budget.reserve(&resources, "a run", 40, &tenant).unwrap();
         assert_eq!(budget.in_flight(), 100);
         assert_eq!(budget.in_flight_of("a@h"), 100);
+        second.give_back(30);
+        assert_eq!((budget.in_flight(), budget.in_flight_of("a@h")), (70, 70));
         drop((first, second));
         assert_eq!((budget.in_flight(), budget.in_flight_of("a@h")), (0, 0));
         assert!(budget.reserve(&resources, "a run", 100, &tenant).is_ok());

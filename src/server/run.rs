@@ -211,8 +211,8 @@ impl RunRequest {
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
                 let reserved = state.reserve_device("the run", run.device_bytes(), &from.pid);
-                let _reserved = match reserved {
-                    Ok(reserved) => reserved,
+                let mut reserved = match reserved {
+                    Ok(reserved) => Some(reserved),
                     Err(refused) => {
                         state.runs().executed(started);
                         return reply(&state, &from, Err(refused));
@@ -231,9 +231,18 @@ impl RunRequest {
                     early,
                     &mut |results| {
                         state.runs().executed(started);
+                        // Its results are the caller's buffers now (registered), or gone (read
+                        // back): their bytes are given back before the caller hears, whose next
+                        // request must not find them counted twice. A run answered at launch
+                        // keeps its host arguments' until it completes: XLA still uses them.
+                        match (early, &mut reserved) {
+                            (true, Some(reserved)) => reserved.give_back(run.result_bytes()),
+                            _ => drop(reserved.take()),
+                        }
                         reply(&state, &from, results.map_err(Into::into));
                     },
                 );
+                drop(reserved);
                 if let Some(inline) = inline {
                     program.executed(inline);
                 }
