@@ -22,6 +22,11 @@
 #   bench/run.sh ondemand   # only: XlaNode.Pool with launcher: (min 0, max 3) against a fixed pool
 #                           # of three nodes under the same load: first call on an empty pool,
 #                           # throughput growing from no node and grown
+#   bench/run.sh tenants    # only: three client nodes: tiny runs of two beside a flood from the
+#                           # third (runs held on slow callbacks, and large plain runs), and two
+#                           # saturating nodes under weights 3:1 (XLA_NODE_BENCH_BASELINE_BIN=path
+#                           # to a build of main adds arrival order, measured alike;
+#                           # XLA_NODE_BENCH_TENANTS_ROUNDS, default 3)
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 #   bench/run.sh gpu        # only: on an NVIDIA GPU, against JAX on the same GPU in the same run: a
@@ -71,7 +76,7 @@ trap cleanup EXIT
 wait_registered() {
     for _ in $(seq 50); do epmd -names 2>/dev/null | grep -q "name $1 " && break; sleep 0.1; done
 }
-if [ "$part" != gpu ]; then
+if [ "$part" != gpu ] && [ "$part" != tenants ]; then
     "$bin" --sname "$name" --cookie "$cookie" "${kernel_args[@]}" 2>/tmp/xla_bench_node.log &
     pids+=($!)
     wait_registered "$name"
@@ -96,7 +101,7 @@ if [ "$part" = all ] || [ "$part" = metrics ]; then
         wait_registered "$XLA_NODE_BENCH_BASELINE_NODE"
     fi
 fi
-if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != ondemand ] && [ "$part" != gpu ]; then
+if [ "$part" != nx ] && [ "$part" != pool ] && [ "$part" != ondemand ] && [ "$part" != gpu ] && [ "$part" != tenants ]; then
     # The client's modules (bench.exs moves 1 GiB as XlaNode.Transfer does), compiled.
     (cd elixir_client && mix compile >/dev/null)
     client_ebin=elixir_client/_build/dev/lib/xla_node_client/ebin
@@ -142,6 +147,12 @@ if [ "$part" = all ] || [ "$part" = ondemand ]; then
     # Its nodes are started by XlaNode.Local and the pool's launcher, from this binary.
     (cd elixir_client && XLA_NODE_BIN="$bin" elixir --sname "bench_on_demand_$$" -S mix run \
         ../bench/pool_on_demand.exs </dev/null)
+fi
+if [ "$part" = all ] || [ "$part" = tenants ]; then
+    # Starts its own nodes: one compute node per build and measurement, three client nodes.
+    (cd elixir_client && mix compile >/dev/null)
+    elixir --sname "bench_tenants_$$" --cookie "$cookie" -pa elixir_client/_build/dev/lib/xla_node_client/ebin \
+        bench/tenants.exs "$bin" "$cookie" </dev/null
 fi
 if [ "$part" = all ] || [ "$part" = nx ]; then
     # The defn part runs in elixir_nx's Mix project, which needs Nx, hence Elixir >= 1.17.

@@ -4,6 +4,7 @@
 // that need it allow it (`#![allow(unsafe_code)]`).
 #![deny(unsafe_code)]
 
+pub mod byte_count;
 pub mod dispatch;
 pub mod metrics;
 pub mod node;

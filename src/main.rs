@@ -14,10 +14,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use xla_node::byte_count::parse_bytes;
 use xla_node::metrics;
 use xla_node::node::frame::DEFAULT_MAX_MESSAGE_SIZE;
 use xla_node::node::tls::TlsDist;
 use xla_node::node::{cookie, Node, NodeConfig};
+use xla_node::schedule::tenants::{TenantRule, TenantRules};
 use xla_node::server::kernels::{KernelArg, KernelPolicy, VersionShim};
 use xla_node::server::{self, ServerConfig};
 use xla_node::shutdown::{self, StopRequests};
@@ -149,6 +151,19 @@ struct Cli {
     /// Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
+    /// What the client nodes a pattern names get, each for itself: `weight` (its share of the
+    /// places when runs wait, 1 to 1000, default 1), `max_device_bytes` (its device memory quota;
+    /// suffixes K, M, G; default none), `max_queued` (runs it may have waiting before more are
+    /// refused as overloaded; default none). The pattern is a node name with `*` and `?`
+    /// (without `@`: on any host), or `default` for the nodes no other pattern names and the
+    /// keys a rule leaves unset. Repeatable; the first matching pattern applies.
+    #[arg(long = "tenant", value_name = "NODE_PATTERN:KEY=VALUE,...", value_parser = TenantRule::parse_flag)]
+    tenants: Vec<TenantRule>,
+    /// The same rules in a file of Erlang terms, as `erl -config` reads:
+    /// `[{"web*@*", [{weight, 3}, {max_device_bytes, "8G"}]}, {default, [{max_queued, 100}]}].`
+    /// `--tenant` flags apply after it, and override the keys they set for a pattern it has.
+    #[arg(long, value_name = "FILE")]
+    tenant_config: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -158,28 +173,6 @@ enum ProtoDist {
     InetTcp,
     /// TLS over TCP (`inet_tls`), configured by `--ssl-dist-optfile`.
     InetTls,
-}
-
-/// A byte count, optionally with a binary suffix: `268435456`, `256M`, `1G`.
-fn parse_bytes(text: &str) -> Result<usize, String> {
-    let (digits, unit) = match text.trim().char_indices().last() {
-        Some((at, c)) if c.is_ascii_alphabetic() => (&text.trim()[..at], c.to_ascii_uppercase()),
-        _ => (text.trim(), 'B'),
-    };
-    let shift = match unit {
-        'B' => 0,
-        'K' => 10,
-        'M' => 20,
-        'G' => 30,
-        _ => return Err(format!("unknown unit {unit:?} (use K, M or G)")),
-    };
-    let value: usize = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a byte count"))?;
-    value
-        .checked_mul(1 << shift)
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{text:?} is out of range"))
 }
 
 /// A fraction of device memory: a number in (0, 1].
@@ -266,6 +259,8 @@ fn main() -> anyhow::Result<()> {
     let tls = tls_settings(&cli)?;
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;
     let client_options = client_options(&cli)?;
+    let tenants = TenantRules::build(cli.tenant_config.as_deref(), &cli.tenants)
+        .map_err(anyhow::Error::msg)?;
     let config = NodeConfig {
         name: full_name(&cli)?,
         cookie: match stdin_cookie.or_else(|| cli.cookie.clone()) {
@@ -315,6 +310,7 @@ fn main() -> anyhow::Result<()> {
                 },
                 max_device_bytes: cli.max_device_bytes.map(|n| n as u64),
                 max_executables: cli.max_executables,
+                tenants,
             },
         )?;
         let _metrics = metrics.map(|m| m.serve(server.metrics())).transpose()?;
@@ -328,21 +324,4 @@ fn main() -> anyhow::Result<()> {
     })?;
     // Executor threads may still be finishing a run; the process exits without waiting for them.
     std::process::exit(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn byte_counts_with_binary_suffixes() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("256M"), Ok(256 << 20));
-        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
-        assert!(parse_bytes("0").is_err());
-        assert!(parse_bytes("12X").unwrap_err().contains("unknown unit"));
-        assert!(parse_bytes("M").is_err());
-        assert!(parse_bytes("99999999999999999999G").is_err());
-    }
 }

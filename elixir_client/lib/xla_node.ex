@@ -88,6 +88,7 @@ defmodule XlaNode do
     callback_server: :process,
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
+    priority: {:in, [:high, :normal, :low]},
     timeout: :timeout,
     telemetry_metadata: :map,
     owner: :pid
@@ -227,6 +228,11 @@ defmodule XlaNode do
     * `:queue_timeout` - how long the run may wait for a place when the node already executes as
       many runs as it admits at once, in milliseconds or `:infinity` (default: the node's
       `--queue-timeout`); past it the run fails with an `XlaNode.Error` of kind `:timeout`
+    * `:priority` - `:high`, `:normal` (the default) or `:low`: among the runs of this node
+      (the BEAM node of the calling process) waiting for a place on the compute node, a `:high`
+      run goes before every `:normal` one and a `:normal` before every `:low`; runs of other
+      nodes keep their share whatever the priority (see the node's README, "Several client
+      nodes")
     * `:timeout` - how long to wait for the result, in milliseconds or `:infinity` (default
       `:infinity`)
     * `:telemetry_metadata` - a map added to the metadata of the call's `:telemetry` events
@@ -599,12 +605,16 @@ defmodule XlaNode do
 
   @doc """
   The node's status: a map with keys such as `:node`, `:version`, `:uptime_ms`, `:peers`,
-  `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`.
+  `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`, and
+  `:tenants`, each client node's runs, queue wait, device memory and refusals (this node's under
+  `node()`).
 
   Options: `:timeout` (default `60_000`).
 
       {:ok, %{platform: "cpu", devices: [_ | _] = devices}} = XlaNode.info(:"xla@host")
       true = Enum.all?(devices, &is_binary/1)
+      {:ok, %{tenants: tenants}} = XlaNode.info(:"xla@host")
+      %{runs_queued: _, device_bytes: _, refusals: _} = tenants[node()]
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))

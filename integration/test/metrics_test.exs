@@ -197,12 +197,22 @@ defmodule XlaNode.MetricsTest do
 
     assert m =~ "not alive"
 
-    # 24 runs whose callbacks wait take every place runs that call back may have: one more
-    # cannot start within its 100 ms queue_timeout.
+    # 24 runs whose callbacks wait: 22 take every place runs that call back of one client node
+    # may have (it leaves 2 to nodes with nothing in flight), 2 queue, and one more cannot start
+    # within its 100 ms queue_timeout.
     blocked = for _ <- 1..24, do: Task.async(fn -> run.(4.0, []) end)
 
+    go = fn n ->
+      for _ <- 1..n,
+          do:
+            receive(
+              do: ({:blocked, pid} -> send(pid, :go)),
+              after: (10_000 -> flunk("the runs' callbacks did not start"))
+            )
+    end
+
     waiting =
-      for _ <- 1..24 do
+      for _ <- 1..22 do
         receive do
           {:blocked, pid} -> pid
         after
@@ -212,6 +222,7 @@ defmodule XlaNode.MetricsTest do
 
     assert {:error, %XlaNode.Error{kind: :timeout}} = run.(4.0, queue_timeout: 100)
     Enum.each(waiting, &send(&1, :go))
+    go.(2)
     for task <- blocked, do: assert({:ok, [_]} = Task.await(task, 10_000))
 
     # A request :xla does not know; a buffer kept on the device.
@@ -239,7 +250,9 @@ defmodule XlaNode.MetricsTest do
     after_ = scrape(node)
 
     runs = fn outcome -> delta(after_, before, "xla_node_runs_total", %{"outcome" => outcome}) end
-    assert {runs.("ok"), runs.("error"), runs.("timeout")} == {3 + 2 + 24, 1 + 4, 1}
+
+    assert {runs.("ok"), runs.("error"), runs.("timeout"), runs.("overloaded")} ==
+             {3 + 2 + 24, 1 + 4, 1, 0}
 
     compiles = &delta(after_, before, "xla_node_compiles_total", %{"outcome" => &1})
     assert {compiles.("compiled"), compiles.("cache_hit"), compiles.("error")} == {2, 1, 1}
@@ -252,7 +265,7 @@ defmodule XlaNode.MetricsTest do
     errors = &delta(after_, before, "xla_node_request_errors_total", %{"kind" => &1})
 
     assert Map.new(
-             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error resource_exhausted),
+             ~w(bad_request argument_error compile_error runtime_error timeout kernel_error resource_exhausted quota overloaded),
              &{&1, errors.(&1)}
            ) == %{
              "bad_request" => 1,
@@ -261,7 +274,9 @@ defmodule XlaNode.MetricsTest do
              "runtime_error" => 4,
              "timeout" => 1,
              "kernel_error" => 0,
-             "resource_exhausted" => 0
+             "resource_exhausted" => 0,
+             "quota" => 0,
+             "overloaded" => 0
            }
 
     # Runs that executed (not the one refused for its argument, nor the one that never started).
@@ -303,8 +318,21 @@ defmodule XlaNode.MetricsTest do
              runtime_error: 4,
              timeout: 1,
              kernel_error: 0,
-             resource_exhausted: 0
+             resource_exhausted: 0,
+             quota: 0,
+             overloaded: 0
            }
+
+    # This node is the only client: its figures are the node's.
+    me = %{"node" => Atom.to_string(node())}
+    assert value(after_, "xla_node_tenant_runs_total", me) == 34
+    assert value(after_, "xla_node_tenant_refusals_total", Map.put(me, "reason", "timeout")) == 1
+    assert value(after_, "xla_node_tenant_runs_running", me) == 0
+    assert value(after_, "xla_node_tenant_device_bytes", me) == 16
+    assert value(after_, "xla_node_tenant_run_queue_wait_seconds_count", me) == executed
+
+    assert %{runs: 34, runs_running: 0, runs_queued: 0, device_bytes: 16, refusals: %{timeout: 1}} =
+             info.tenants[node()]
 
     assert info.traffic.received_messages ==
              value(after_, "xla_node_dist_received_messages_total") + 2,

@@ -23,16 +23,6 @@ defmodule XlaNode.ResourceLimitsTest do
     info
   end
 
-  # `main(x: f32[4]) -> f32[n]`: x's first element, broadcast.
-  defp wide_program(n) do
-    """
-    func.func @main(%x: tensor<4xf32>) -> tensor<#{n}xf32> {
-      %s = stablehlo.slice %x [0:1] : (tensor<4xf32>) -> tensor<1xf32>
-      %y = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1xf32>) -> tensor<#{n}xf32>
-      return %y : tensor<#{n}xf32>
-    }
-    """
-  end
 
   # A program of its own for each `k`: its 256 KiB constant (distinct values, which XLA keeps in
   # the executable) differs from every other's, so the cache cannot share it, and each executable
@@ -92,7 +82,7 @@ defmodule XlaNode.ResourceLimitsTest do
       node: node,
       exe: exe
     } do
-      {:ok, wide} = call(node, {:compile, wide_program(@wide_n)})
+      {:ok, wide} = call(node, {:compile, Load.wide_program(@wide_n)})
       x = Load.f32(3, 4)
       # Alone it fits, whether its results come back or stay on the device.
       assert {:ok, [{data, {{:f, 32}, [@wide_n]}}]} = call(node, {:run, wide, [x]})

@@ -5,11 +5,17 @@
 //! One run (`GenServer.call({:xla, node}, {:run, exe, args, opts})`), in order:
 //!
 //! 1. **Checked on the server's task** (`server/run.rs`): its executable and buffers looked up, its
-//!    arguments checked against the parameters (`xla::Run::new`). Nothing waits yet.
+//!    arguments checked against the parameters (`xla::Run::new`), its bytes against its client
+//!    node's device memory quota. Nothing waits yet.
 //! 2. **Admitted** ([`Scheduler::submit_run`]): it takes a place at once if fewer than
-//!    [`MAX_RUNS`] runs execute (and, for a program that calls back, fewer than
-//!    [`MAX_CALLING_BACK`] of those call back); otherwise it waits in the node's queue, in arrival
-//!    order, until a place frees or its `queue_timeout` fires.
+//!    [`MAX_RUNS`] runs execute and its lane has room ([`Lane`]: for a program that calls back,
+//!    fewer than [`MAX_CALLING_BACK`] of those; for a program that may wait in XLA's line of
+//!    queued computations, fewer than [`MAX_IN_LINE`] of those on its device); otherwise it waits
+//!    in its client node's queue until a place frees or its `queue_timeout` fires, or is refused
+//!    at once (`:overloaded`) when its node already has its `max_queued` runs waiting. A freed
+//!    place goes to the client nodes by weighted fair queueing, and within a node by priority,
+//!    then arrival (`fair.rs`): a node with runs waiting gets its share whatever another has
+//!    queued, and a node with nothing in flight a place at once ([`RESERVED_PLACES`]).
 //! 3. **Handed to a thread**: the admitted run goes to the executor's worker pool
 //!    (`xla/pool.rs`), whose queue starts a thread whenever none is idle (up to 256, far above
 //!    [`MAX_RUNS`]): an admitted run never waits there for a thread, only for one to wake.
@@ -35,7 +41,8 @@
 //! | parsing a request, looking up references, checking arguments | the `:xla` server's task | no XLA call: `:ping` and `:info` are answered whatever runs do |
 //! | compile, `to_device`, `read`, dropping freed resources | an executor thread, at once | every PJRT call may block (a buffer waits for the run that defines it) |
 //! | a run, when admitted | an executor thread | `Execute` runs a small program on the calling thread, custom calls included, and those wait for callback replies; a large one returns at once but its completion event waits for XLA's threads; the 33rd `Execute` in flight on a device blocks until one ends |
-//! | a run beyond [`MAX_RUNS`], or a run that calls back beyond [`MAX_CALLING_BACK`] | the node's queue, in arrival order; `:info` counts it in `runs_queued` | XLA's CPU client holds 32 computations in flight per device and blocks the next `Execute`; below that bound no thread ever waits inside XLA for a place, and runs without callbacks always find one of the places runs that call back cannot take |
+//! | a run beyond [`MAX_RUNS`], a run that calls back beyond [`MAX_CALLING_BACK`], a run that may wait in XLA's line beyond [`MAX_IN_LINE`] on its device | its client node's queue (`fair.rs`): weighted fair between nodes, by priority then arrival within one; `:info` counts it in `runs_queued` and in its node's `tenants` entry | XLA's CPU client holds 32 computations in flight per device and blocks the next `Execute`; below that bound no thread ever waits inside XLA for a place, and runs without callbacks always find one of the places runs that call back cannot take. XLA executes queued computations one after another: a run admitted behind 27 others in that line waits for all of them, so the line is kept short and a node's share is a share of it |
+//! | a run whose client node has `max_queued` runs waiting already | nowhere: answered `{:error, {:overloaded, text}}` at once | overload is an answer, not a timeout |
 //! | an admitted run, before `Execute` | the [`Gate`] (`gate.rs`), on its executor thread: [`Place::enter_xla`] | XLA's CPU client executes queued computations one after another, client-wide; a run that calls back must not hold that line while it waits for a reply |
 //! | a queued run still waiting after its `queue_timeout` | answered `{:error, {:timeout, text}}` | a run never hangs; the timer is the runtime's, which never waits on XLA |
 //! | a callback's wait for its reply | the thread XLA runs the custom call on (an executor thread or one of XLA's) | it polls for `--callback-spin-us` when the target usually answers within that, on one of half the CPUs at most (`dispatch::polling`: a parked thread is slow to wake on a VM whose idle CPUs halt), then parks with a deadline of its own (see `dispatch::wait`) |
@@ -45,27 +52,45 @@
 //! so the node's count of runs in flight is never below XLA's: an admitted `Execute` never waits
 //! for a place.
 //!
-//! Files: this one (admission, the hand-over, [`Place`]), `gate` (the last wait before
-//! `Execute`), `callback_activity` (whether idle executor threads may poll for their next job).
+//! Files: this one (admission, the hand-over, [`Place`]), `fair` (which queued run a freed place
+//! goes to), `tenants` (client nodes: the operator's rules and what is counted per node), `gate`
+//! (the last wait before `Execute`), `callback_activity` (whether idle executor threads may poll
+//! for their next job).
 
 mod callback_activity;
+mod fair;
 mod gate;
+pub mod tenants;
 
 pub use callback_activity::CallbackActivity;
+pub use fair::Lane;
 pub use gate::{CallingBackRun, Gate, QueueableRun};
 
 use crate::xla::{Buffer, Executor, Run, XlaError};
-use std::collections::VecDeque;
+use fair::FairQueue;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use tenants::{Priority, Tenant, Tenants};
 
-/// Runs executing at once. All runs execute on the client's first device, where XLA's CPU
-/// client blocks the 33rd computation in flight.
+/// Runs executing at once, on all devices together: XLA's CPU client blocks the 33rd
+/// computation in flight on a device.
 pub const MAX_RUNS: usize = 28;
 
 /// Runs of programs that call back executing at once: each may hold its place for as long as
 /// its callbacks take, so they may not take every place.
 pub const MAX_CALLING_BACK: usize = 24;
+
+/// Places a client node that has runs in flight leaves free, of [`MAX_RUNS`] and of
+/// [`MAX_CALLING_BACK`]: a node with nothing in flight never waits for a place while another node
+/// holds all the others, however many runs that one keeps queued.
+pub const RESERVED_PLACES: usize = 2;
+
+/// Runs of programs that may wait in XLA's line of queued computations ([`Lane::Line`]) admitted
+/// at once per device. XLA executes that line one computation after another, so a few keep it
+/// busy (one executing, the next ones uploading their arguments); more would only make every run
+/// admitted after them wait for all of them, whoever sent it.
+pub const MAX_IN_LINE: usize = 4;
 
 /// What the scheduler holds now, for `:info` and the watchdog.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,6 +103,8 @@ pub struct RunCounts {
     pub queued: usize,
     /// Runs that waited for a place longer than their `queue_timeout` (since the node started).
     pub queue_timeouts: u64,
+    /// Runs refused because their client node had its `max_queued` runs waiting.
+    pub overloaded: u64,
 }
 
 /// Answers a queued run that timed out, with the error text.
@@ -86,55 +113,99 @@ pub type TimedOut = Box<dyn FnOnce(String) + Send + 'static>;
 /// An admitted run's work, on its executor thread: it passes the gate through its [`Place`].
 pub type RunJob = Box<dyn FnOnce(&Place) + Send + 'static>;
 
+/// What the scheduler needs to know of a run to place it.
+pub struct RunTicket {
+    /// Its client node.
+    pub tenant: Arc<Tenant>,
+    /// Among its node's queued runs.
+    pub priority: Priority,
+    /// The bound it counts against besides [`MAX_RUNS`].
+    pub lane: Lane,
+    /// How long it may wait for a place (`None`: no limit).
+    pub queue_timeout: Option<Duration>,
+}
+
 struct Queued {
-    id: u64,
     job: RunJob,
     timed_out: TimedOut,
+    tenant: Arc<Tenant>,
+}
+
+/// The runs admitted, counted against the bounds above.
+#[derive(Default)]
+struct Admitted {
+    running: usize,
+    running_calling_back: usize,
+    /// Runs of [`Lane::Line`], by device.
+    in_line: Vec<usize>,
+}
+
+impl Admitted {
+    /// Whether a run of `tenant` in `lane` may start now. A node with runs in flight leaves
+    /// [`RESERVED_PLACES`] places (and as many of those for runs that call back) to the nodes
+    /// with none.
+    fn admits(&self, lane: Lane, tenant: &Tenant) -> bool {
+        let reserved = match tenant.running.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => RESERVED_PLACES,
+        };
+        self.running + reserved < MAX_RUNS
+            && match lane {
+                Lane::Inline => true,
+                Lane::CallingBack => self.running_calling_back + reserved < MAX_CALLING_BACK,
+                Lane::Line(device) => self.in_line.get(device).copied().unwrap_or(0) < MAX_IN_LINE,
+            }
+    }
+
+    fn start(&mut self, lane: Lane, tenant: &Tenant) {
+        self.running += 1;
+        match lane {
+            Lane::Inline => {}
+            Lane::CallingBack => self.running_calling_back += 1,
+            Lane::Line(device) => {
+                if self.in_line.len() <= device {
+                    self.in_line.resize(device + 1, 0);
+                }
+                self.in_line[device] += 1;
+            }
+        }
+        tenant.running.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn finish(&mut self, lane: Lane, tenant: &Tenant) {
+        self.running -= 1;
+        match lane {
+            Lane::Inline => {}
+            Lane::CallingBack => self.running_calling_back -= 1,
+            Lane::Line(device) => self.in_line[device] -= 1,
+        }
+        tenant.running.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
 struct State {
-    running: usize,
-    running_calling_back: usize,
-    /// Runs of programs without callbacks, and with, waiting for a place.
-    plain: VecDeque<Queued>,
-    calling_back: VecDeque<Queued>,
-    next_id: u64,
+    admitted: Admitted,
+    queue: FairQueue<Queued>,
     queue_timeouts: u64,
+    overloaded: u64,
 }
 
 impl State {
-    fn admits(&self, calls_back: bool) -> bool {
-        self.running < MAX_RUNS && (!calls_back || self.running_calling_back < MAX_CALLING_BACK)
-    }
-
-    fn start(&mut self, calls_back: bool) {
-        self.running += 1;
-        self.running_calling_back += usize::from(calls_back);
-    }
-
-    /// The longest-waiting queued run that may start now, taken off its queue and counted.
-    fn next_admitted(&mut self) -> Option<(bool, RunJob)> {
-        let plain = self.plain.front().filter(|_| self.admits(false));
-        let calling_back = self.calling_back.front().filter(|_| self.admits(true));
-        let calls_back = match (plain, calling_back) {
-            (None, None) => return None,
-            (Some(p), Some(c)) => c.id < p.id,
-            (None, Some(_)) => true,
-            (Some(_), None) => false,
-        };
-        let queue = if calls_back {
-            &mut self.calling_back
-        } else {
-            &mut self.plain
-        };
-        let run = queue.pop_front()?;
-        self.start(calls_back);
-        Some((calls_back, run.job))
+    /// The next queued run that may start now, taken off its queue and counted.
+    fn next_admitted(&mut self) -> Option<(Lane, RunJob, Arc<Tenant>)> {
+        let admitted = &self.admitted;
+        let next = self
+            .queue
+            .pop(|lane, queued: &Queued| admitted.admits(lane, &queued.tenant))?;
+        let Queued { job, tenant, .. } = next.item;
+        tenant.queued.fetch_sub(1, Ordering::Relaxed);
+        self.admitted.start(next.lane, &tenant);
+        Some((next.lane, job, tenant))
     }
 }
 
-/// Admits runs to the executor's threads within the bounds above, queues the rest.
+/// Admits runs to the executor's threads within the bounds above, queues the rest by client node.
 pub struct Scheduler {
     executor: Executor,
     runtime: tokio::runtime::Handle,
@@ -142,15 +213,17 @@ pub struct Scheduler {
     /// Keeps runs that call back out of XLA's line of queued computations.
     gate: Arc<Gate>,
     calling_back: Arc<CallbackActivity>,
+    tenants: Tenants,
 }
 
 impl Scheduler {
     /// A scheduler whose queue timers run on `runtime`, which records in `calling_back` when
-    /// runs that call back execute.
+    /// runs that call back execute, and gives client nodes what `tenants`' rules say.
     pub fn new(
         executor: Executor,
         runtime: tokio::runtime::Handle,
         calling_back: Arc<CallbackActivity>,
+        tenants: Tenants,
     ) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             executor,
@@ -158,11 +231,17 @@ impl Scheduler {
             state: Mutex::default(),
             gate: Arc::default(),
             calling_back,
+            tenants,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client nodes seen so far, with their settings and figures.
+    pub fn tenants(&self) -> &Tenants {
+        &self.tenants
     }
 
     /// Work other than runs (compile, transfers, dropping resources): on an executor thread at
@@ -172,91 +251,118 @@ impl Scheduler {
     }
 
     /// Runs `job` on an executor thread as soon as the bounds admit it, handing it its
-    /// [`Place`]. If it is still queued after `queue_timeout` (`None`: no limit), it is dropped
-    /// and `timed_out` is called instead, on the runtime. Never blocks.
+    /// [`Place`]. If it is still queued after its `queue_timeout`, it is dropped and `timed_out`
+    /// is called instead, on the runtime. A run that would wait while its client node already
+    /// has its `max_queued` runs waiting is refused: `Err` with the text of the `:overloaded`
+    /// reply, and `job` is dropped. Never blocks.
     pub fn submit_run(
         self: &Arc<Self>,
-        calls_back: bool,
-        queue_timeout: Option<Duration>,
+        ticket: RunTicket,
         job: RunJob,
         timed_out: TimedOut,
-    ) {
+    ) -> Result<(), String> {
+        let RunTicket {
+            tenant,
+            priority,
+            lane,
+            queue_timeout,
+        } = ticket;
+        let weight = tenant.settings.weight;
         let mut state = self.lock();
-        if state.admits(calls_back) {
-            state.start(calls_back);
+        if state.admitted.admits(lane, &tenant) {
+            state.admitted.start(lane, &tenant);
+            state.queue.charge(&tenant.node, weight);
             drop(state);
-            return self.execute(calls_back, job);
+            self.execute(lane, job, tenant);
+            return Ok(());
         }
-        let id = state.next_id;
-        state.next_id += 1;
-        let queue = if calls_back {
-            &mut state.calling_back
-        } else {
-            &mut state.plain
-        };
-        queue.push_back(Queued { id, job, timed_out });
+        let waiting = state.queue.queued(&tenant.node);
+        if let Some(max) = tenant.settings.max_queued.filter(|&max| waiting >= max) {
+            state.overloaded += 1;
+            let text = format!(
+                "node {} has {waiting} runs waiting for a place, its max_queued of {max} \
+                 (--tenant {}); the node executes {} runs ({} of them programs that call back) and \
+                 {} more wait: retry later, or send fewer runs at once",
+                tenant.node,
+                tenant.settings.rule,
+                state.admitted.running,
+                state.admitted.running_calling_back,
+                state.queue.len() - waiting,
+            );
+            return Err(text);
+        }
+        let node = tenant.node.clone();
+        tenant.queued.fetch_add(1, Ordering::Relaxed);
+        let id = state.queue.push(
+            &node,
+            weight,
+            priority,
+            lane,
+            Queued {
+                job,
+                timed_out,
+                tenant,
+            },
+        );
         drop(state);
         if let Some(timeout) = queue_timeout {
             let this = self.clone();
             self.runtime.spawn(async move {
                 tokio::time::sleep(timeout).await;
-                this.expire(calls_back, id, timeout);
+                this.expire(&node, priority, lane, id, timeout);
             });
         }
+        Ok(())
     }
 
     /// Hands an admitted run to an executor thread; its place is given back when it ends (also
     /// if it panics).
-    fn execute(self: &Arc<Self>, calls_back: bool, job: RunJob) {
-        if calls_back {
+    fn execute(self: &Arc<Self>, lane: Lane, job: RunJob, tenant: Arc<Tenant>) {
+        if lane == Lane::CallingBack {
             self.calling_back.started();
         }
         let place = Place {
             scheduler: self.clone(),
-            calls_back,
+            lane,
+            tenant,
         };
         self.executor.submit(Box::new(move || job(&place)));
     }
 
     /// A run ended: starts the queued runs its place admits.
-    fn finished(self: &Arc<Self>, calls_back: bool) {
-        if calls_back {
+    fn finished(self: &Arc<Self>, lane: Lane, tenant: &Tenant) {
+        if lane == Lane::CallingBack {
             self.calling_back.ended();
         }
         let mut state = self.lock();
-        state.running -= 1;
-        state.running_calling_back -= usize::from(calls_back);
+        state.admitted.finish(lane, tenant);
         let mut admitted = Vec::new();
         while let Some(next) = state.next_admitted() {
             admitted.push(next);
         }
         drop(state);
-        for (calls_back, job) in admitted {
-            self.execute(calls_back, job);
+        for (lane, job, tenant) in admitted {
+            self.execute(lane, job, tenant);
         }
     }
 
     /// A queued run's timer fired: fails it if it is still queued.
-    fn expire(&self, calls_back: bool, id: u64, timeout: Duration) {
+    fn expire(&self, node: &str, priority: Priority, lane: Lane, id: u64, timeout: Duration) {
         let mut state = self.lock();
-        let queue = if calls_back {
-            &mut state.calling_back
-        } else {
-            &mut state.plain
-        };
-        let Some(position) = queue.iter().position(|r| r.id == id) else {
+        let Some(run) = state.queue.remove(node, priority, lane, id) else {
             return; // it started
         };
-        let run = queue.remove(position).expect("position is in the queue");
+        run.tenant.queued.fetch_sub(1, Ordering::Relaxed);
         state.queue_timeouts += 1;
         let text = format!(
             "the run could not start within its queue_timeout of {} ms: {} runs were executing \
              ({} of them programs that call back; at most {MAX_RUNS} and {MAX_CALLING_BACK} \
-             execute at once) and {} more were queued",
+             execute at once) and {} more were queued ({} of them from {node})",
             timeout.as_millis(),
-            state.running,
-            state.running_calling_back,
-            state.plain.len() + state.calling_back.len()
+            state.admitted.running,
+            state.admitted.running_calling_back,
+            state.queue.len(),
+            state.queue.queued(node),
         );
         drop(state);
         (run.timed_out)(text);
@@ -265,10 +371,11 @@ impl Scheduler {
     pub fn counts(&self) -> RunCounts {
         let state = self.lock();
         RunCounts {
-            running: state.running,
-            running_calling_back: state.running_calling_back,
-            queued: state.plain.len() + state.calling_back.len(),
+            running: state.admitted.running,
+            running_calling_back: state.admitted.running_calling_back,
+            queued: state.queue.len(),
             queue_timeouts: state.queue_timeouts,
+            overloaded: state.overloaded,
         }
     }
 }
@@ -276,7 +383,8 @@ impl Scheduler {
 /// An admitted run's place, held on its executor thread; dropping it gives the place back.
 pub struct Place {
     scheduler: Arc<Scheduler>,
-    calls_back: bool,
+    lane: Lane,
+    tenant: Arc<Tenant>,
 }
 
 impl Place {
@@ -284,7 +392,7 @@ impl Place {
     /// (see [`Gate`]); the run executes through the returned passage.
     pub fn enter_xla(&self) -> Passage<'_> {
         let gate = &self.scheduler.gate;
-        if self.calls_back {
+        if self.lane == Lane::CallingBack {
             Passage::CallingBack(gate.run_calling_back())
         } else {
             Passage::WithoutCallbacks(gate.run_without_callbacks())
@@ -311,14 +419,23 @@ impl Passage<'_> {
     }
 
     /// Executes `run` and leaves the gate: XLA's `Execute`, then the wait for its results.
-    pub fn execute(self, run: &Run) -> Result<Vec<Buffer>, XlaError> {
+    /// `launched` hears, once `Execute` has returned, whether the program had already completed
+    /// (it executed on this thread).
+    pub fn execute(
+        self,
+        run: &Run,
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
         match self {
             Passage::CallingBack(gated) => {
-                let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
+                let outputs = run.execute_observed(&mut |completed| {
+                    gated.launched(completed);
+                    launched(completed);
+                });
                 gated.finished();
                 outputs
             }
-            Passage::WithoutCallbacks(_window) => run.execute(),
+            Passage::WithoutCallbacks(_window) => run.execute_observed(launched),
         }
     }
 
@@ -330,12 +447,13 @@ impl Passage<'_> {
     pub fn execute_handing_over(
         self,
         run: &Run,
+        launched: &mut dyn FnMut(bool),
         hand_over: &mut dyn FnMut(Vec<Buffer>),
     ) -> Result<(), XlaError> {
         match self {
-            Passage::WithoutCallbacks(_window) => run.execute_handing_over(&mut |_| {}, hand_over),
+            Passage::WithoutCallbacks(_window) => run.execute_handing_over(launched, hand_over),
             calling_back => {
-                hand_over(calling_back.execute(run)?);
+                hand_over(calling_back.execute(run, launched)?);
                 Ok(())
             }
         }
@@ -344,6 +462,6 @@ impl Passage<'_> {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.scheduler.finished(self.calls_back);
+        self.scheduler.finished(self.lane, &self.tenant);
     }
 }

@@ -4,6 +4,7 @@
 //! (the README's list) have one source, and counted by kind (`State::reply_error`).
 
 use crate::node::term::error_kind;
+use crate::schedule::tenants::Refusal;
 use crate::xla::XlaError;
 use eetf::Term;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +31,12 @@ pub enum RequestError {
     /// (`:resource_exhausted`).
     #[error("{0}")]
     ResourceExhausted(String),
+    /// A transfer or run that would take its client node past its `max_device_bytes` (`:quota`).
+    #[error("{0}")]
+    Quota(String),
+    /// A run whose client node already has its `max_queued` runs waiting (`:overloaded`).
+    #[error("{0}")]
+    Overloaded(String),
 }
 
 impl RequestError {
@@ -43,6 +50,8 @@ impl RequestError {
             RequestError::Timeout(_) => ErrorKind::Timeout,
             RequestError::Kernel(_) => ErrorKind::Kernel,
             RequestError::ResourceExhausted(_) => ErrorKind::ResourceExhausted,
+            RequestError::Quota(_) => ErrorKind::Quota,
+            RequestError::Overloaded(_) => ErrorKind::Overloaded,
         }
     }
 
@@ -62,10 +71,12 @@ pub enum ErrorKind {
     Timeout,
     Kernel,
     ResourceExhausted,
+    Quota,
+    Overloaded,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 9] = [
         ErrorKind::BadRequest,
         ErrorKind::Argument,
         ErrorKind::Compile,
@@ -73,6 +84,8 @@ impl ErrorKind {
         ErrorKind::Timeout,
         ErrorKind::Kernel,
         ErrorKind::ResourceExhausted,
+        ErrorKind::Quota,
+        ErrorKind::Overloaded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +97,21 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::Kernel => "kernel_error",
             ErrorKind::ResourceExhausted => "resource_exhausted",
+            ErrorKind::Quota => "quota",
+            ErrorKind::Overloaded => "overloaded",
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The refusal a client node is counted for on an error reply of this kind, if any.
+    pub fn refusal(self) -> Option<Refusal> {
+        match self {
+            ErrorKind::Overloaded => Some(Refusal::Overloaded),
+            ErrorKind::Quota => Some(Refusal::Quota),
+            ErrorKind::ResourceExhausted => Some(Refusal::ResourceExhausted),
+            ErrorKind::Timeout => Some(Refusal::Timeout),
+            _ => None,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::node::term::{atom, binary, boolean, int, list, map};
 use crate::node::{probe, traffic};
 use crate::xla::{loaded_kernels, DeviceMemory, LoadedKernel};
 use eetf::{Float, Term};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// The reply's map.
 pub fn info(state: &State) -> Term {
@@ -69,6 +70,7 @@ pub fn info(state: &State) -> Term {
         ("run_errors", int(run_errors as i64)),
         ("callbacks", callbacks(state)),
         ("latency_us", latency(state)),
+        ("tenants", tenants(state)),
         ("request_errors", request_errors(state)),
         ("traffic", traffic()),
         (
@@ -125,23 +127,59 @@ fn callbacks(state: &State) -> Term {
     map(entries)
 }
 
+/// How many durations there were, and their p50 and p99 in microseconds (0.0 before the first).
+fn summary(snapshot: Snapshot) -> Term {
+    let us = |q| snapshot.quantile(q).map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    map(vec![
+        ("count", int(snapshot.count() as i64)),
+        ("p50", Term::from(Float { value: us(0.5) })),
+        ("p99", Term::from(Float { value: us(0.99) })),
+    ])
+}
+
 /// The p50 and p99, in microseconds, of the durations `/metrics` shows as histograms, with how
 /// many there were; 0.0 before the first.
 fn latency(state: &State) -> Term {
-    let summary = |snapshot: Snapshot| {
-        let us = |q| snapshot.quantile(q).map_or(0.0, |d| d.as_secs_f64() * 1e6);
-        map(vec![
-            ("count", int(snapshot.count() as i64)),
-            ("p50", Term::from(Float { value: us(0.5) })),
-            ("p99", Term::from(Float { value: us(0.99) })),
-        ])
-    };
     map(vec![
         ("run", summary(state.runs().duration.snapshot())),
         ("queue_wait", summary(state.runs().queue_wait.snapshot())),
         ("compile", summary(state.compile_time().snapshot())),
         ("callback", summary(state.dispatch_stats().round_trip)),
     ])
+}
+
+/// Each client node seen so far, by name: its settings, its runs, the device memory it holds,
+/// and its requests turned away by reason.
+fn tenants(state: &State) -> Term {
+    let tenants = state.tenants();
+    let limit = |n: Option<u64>| n.map_or_else(|| atom("infinity"), |n| int(n as i64));
+    map(tenants
+        .iter()
+        .map(|t| {
+            let (buffers, in_flight) = state.device_bytes_of(&t.node);
+            let settings = &t.settings;
+            let refusals = t
+                .refusals()
+                .iter()
+                .map(|&(why, n)| (why.as_str(), int(n as i64)))
+                .collect();
+            let entry = map(vec![
+                ("rule", text(settings.rule.to_string())),
+                ("weight", int(settings.weight.into())),
+                ("max_device_bytes", limit(settings.max_device_bytes)),
+                ("max_queued", limit(settings.max_queued.map(|n| n as u64))),
+                ("runs", int(t.runs() as i64)),
+                ("runs_running", int(t.running.load(Relaxed) as i64)),
+                ("runs_queued", int(t.queued.load(Relaxed) as i64)),
+                ("queue_wait_us", summary(t.queue_wait.snapshot())),
+                ("device_bytes", int((buffers + in_flight) as i64)),
+                ("buffer_bytes", int(buffers as i64)),
+                ("in_flight_bytes", int(in_flight as i64)),
+                ("refusals", map(refusals)),
+            ]);
+            (&*t.node, entry)
+        })
+        .collect())
 }
 
 /// Error replies sent, per kind.

@@ -12,6 +12,7 @@ use crate::dispatch::Outcome;
 use crate::metrics::endpoint::Render;
 use crate::metrics::Snapshot;
 use crate::node::traffic;
+use crate::schedule::tenants::Tenant;
 use crate::xla::DeviceMemory;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -20,6 +21,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -86,12 +88,14 @@ impl Collector for Families {
             "runs",
             "Runs answered, by outcome: ok; error (XLA's error, a failed callback, arguments \
              that do not fit the executable, a reference that names no executable or buffer); \
-             timeout (no place within the run's queue_timeout).",
+             timeout (no place within the run's queue_timeout); overloaded (refused: its client \
+             node had its max_queued runs waiting).",
             "outcome",
             &[
                 ("ok", runs - run_errors),
                 ("error", run_errors),
                 ("timeout", scheduled.queue_timeouts),
+                ("overloaded", scheduled.overloaded),
             ],
         )?;
         histogram(
@@ -224,6 +228,7 @@ impl Collector for Families {
         )?;
 
         device_memory(&mut out, &client.device_memory())?;
+        tenants(&mut out, state)?;
 
         let errors: Vec<(&str, u64)> = state
             .errors()
@@ -284,6 +289,102 @@ impl Collector for Families {
             state.node().process_count() as f64,
         )
     }
+}
+
+/// Each client node's figures, one series per node (labelled `node`), as `:info`'s `tenants`.
+fn tenants(out: &mut DescriptorEncoder, state: &State) -> fmt::Result {
+    let tenants = state.tenants();
+    if tenants.is_empty() {
+        return Ok(());
+    }
+    type Figure = fn(&State, &Tenant) -> Option<i64>;
+    let gauges: [(&str, &str, Option<Unit>, Figure); 5] = [
+        (
+            "tenant_runs_running",
+            "Runs of each client node executing now.",
+            None,
+            |_, t| Some(t.running.load(Relaxed) as i64),
+        ),
+        (
+            "tenant_runs_queued",
+            "Runs of each client node waiting for a place.",
+            None,
+            |_, t| Some(t.queued.load(Relaxed) as i64),
+        ),
+        (
+            "tenant_weight",
+            "Each client node's weight: its share of the places when runs wait.",
+            None,
+            |_, t| Some(t.settings.weight.into()),
+        ),
+        (
+            "tenant_device",
+            "Device bytes each client node holds: its buffers and its transfers and runs in \
+             flight, counted against its quota.",
+            Some(Unit::Bytes),
+            |state, t| {
+                let (buffers, in_flight) = state.device_bytes_of(&t.node);
+                Some((buffers + in_flight) as i64)
+            },
+        ),
+        (
+            "tenant_device_quota",
+            "Each client node's device memory quota (--tenant ...:max_device_bytes), where it \
+             has one.",
+            Some(Unit::Bytes),
+            |_, t| t.settings.max_device_bytes.map(|n| n as i64),
+        ),
+    ];
+    for (name, help, unit, figure) in gauges {
+        let mut family = out.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+        for t in &tenants {
+            if let Some(value) = figure(state, t) {
+                ConstGauge::new(value).encode(family.encode_family(&[("node", &*t.node)])?)?;
+            }
+        }
+    }
+    let mut runs = out.encode_descriptor(
+        "tenant_runs",
+        "Runs of each client node answered (with results or an error; not those refused).",
+        None,
+        MetricType::Counter,
+    )?;
+    for t in &tenants {
+        ConstCounter::new(t.runs()).encode(runs.encode_family(&[("node", &*t.node)])?)?;
+    }
+    let mut refusals = out.encode_descriptor(
+        "tenant_refusals",
+        "Requests of each client node turned away, by reason: overloaded (max_queued runs \
+         waiting), quota (over its max_device_bytes), resource_exhausted (over the node's \
+         --max-device-bytes), timeout (no place within the run's queue_timeout).",
+        None,
+        MetricType::Counter,
+    )?;
+    for t in &tenants {
+        for (why, n) in t.refusals() {
+            let labels = [("node", &*t.node), ("reason", why.as_str())];
+            ConstCounter::new(n).encode(refusals.encode_family(&labels)?)?;
+        }
+    }
+    let mut waits = out.encode_descriptor(
+        "tenant_run_queue_wait",
+        "Each client node's runs' time from the request's arrival to their start on an \
+         executor thread.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    for t in &tenants {
+        let snapshot = t.queue_wait.snapshot();
+        waits
+            .encode_family(&[("node", &*t.node)])?
+            .encode_histogram::<NoLabelSet>(
+                snapshot.sum().as_secs_f64(),
+                snapshot.count(),
+                &snapshot.exported_buckets(),
+                None,
+            )?;
+    }
+    Ok(())
 }
 
 fn gauge(

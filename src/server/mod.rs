@@ -41,6 +41,7 @@ pub use plugin::locate_plugin;
 use crate::dispatch::Dispatcher;
 use crate::node::gen;
 use crate::node::{Node, Process, Signal};
+use crate::schedule::tenants::{TenantRules, Tenants};
 use crate::schedule::{CallbackActivity, Scheduler};
 use crate::xla::{Api, Client, CreateOption, Executor, IdlePolling};
 use request::Request;
@@ -64,6 +65,8 @@ pub struct ServerConfig {
     pub max_device_bytes: Option<u64>,
     /// Executables the compile cache keeps beyond those still held.
     pub max_executables: usize,
+    /// What each client node gets (`--tenant`, `--tenant-config`).
+    pub tenants: TenantRules,
 }
 
 /// Keeps the standing processes alive; dropping it stops them.
@@ -123,7 +126,12 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
         },
     };
     let executor = Executor::with_idle_polling(client, config.max_executables, idle_polling);
-    let scheduler = Scheduler::new(executor.clone(), node.runtime().clone(), calling_back);
+    let scheduler = Scheduler::new(
+        executor.clone(),
+        node.runtime().clone(),
+        calling_back,
+        Tenants::new(config.tenants),
+    );
     let heartbeat = watchdog::start(
         node.runtime(),
         watchdog::Watched {

@@ -7,12 +7,18 @@
 //! too stays theirs. `{:free, ...}` releases a resource whoever holds it. A resource in use by a
 //! running program stays alive until that run finishes (they are reference-counted), so freeing
 //! can never pull a buffer out from under XLA.
+//!
+//! Each buffer's bytes are charged to one client node, for its quota (`device_budget.rs`): the
+//! node of its first holder, and, once no process of that node holds it any more, the node of
+//! another holder.
 
 use super::transfer::Upload;
 use crate::dispatch::{BEAM_INFEED, BEAM_OUTFEED, RUNTIME_CALLBACK};
+use crate::schedule::Lane;
 use crate::xla::{Buffer, Executable};
 use eetf::{Pid, Reference};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone)]
@@ -29,11 +35,36 @@ pub struct Program {
     /// The module mentions a host-callback target: its runs may wait for replies, so they are
     /// admitted among the runs that may wait (see `crate::schedule`).
     pub calls_back: bool,
+    /// A run of it completed within XLA's `Execute`, on the calling thread: XLA finds it cheap,
+    /// so its runs never hold XLA's line of queued computations for long.
+    executes_inline: AtomicBool,
 }
 
 impl Program {
     pub fn new(exe: Arc<Executable>, calls_back: bool) -> Program {
-        Program { exe, calls_back }
+        Program {
+            exe,
+            calls_back,
+            executes_inline: AtomicBool::new(false),
+        }
+    }
+
+    /// The lane its runs on `device` are admitted in (see `crate::schedule::Lane`).
+    pub fn lane(&self, device: usize) -> Lane {
+        if self.calls_back {
+            Lane::CallingBack
+        } else if self.executes_inline.load(Ordering::Relaxed) {
+            Lane::Inline
+        } else {
+            Lane::Line(device)
+        }
+    }
+
+    /// A run of it succeeded; `inline`: it had completed when `Execute` returned.
+    pub fn executed(&self, inline: bool) {
+        if inline {
+            self.executes_inline.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether a module's text or bytecode names a host-callback target.
@@ -110,6 +141,15 @@ impl Holds {
         }
     }
 
+    /// What the holder behind `monitor` holds.
+    fn held_by(&self, monitor: &Reference) -> Vec<Reference> {
+        self.monitors
+            .get(monitor)
+            .and_then(|holder| self.owners.get(holder))
+            .map(|(_, owned)| owned.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The holder behind `monitor` went down: ends all its holds, and returns the references
     /// it alone held.
     fn holder_down(&mut self, monitor: &Reference) -> Vec<Reference> {
@@ -142,6 +182,12 @@ struct Tables {
     /// What `resources` holds, kept as it changes so that reading it costs nothing.
     held: Held,
     holds: Holds,
+    /// Bytes of the buffers charged to each client node (its device memory against its quota);
+    /// a node charged nothing has no entry. A buffer is charged to the node of one of its
+    /// holders: the first, then, once no process of that node holds it, the next one's.
+    bytes_by_node: HashMap<String, u64>,
+    /// The node each buffer is charged to.
+    charged: HashMap<Reference, String>,
 }
 
 /// Executables and buffers held for clients, and the buffers' bytes on the device.
@@ -212,6 +258,7 @@ impl Tables {
         let resource = self.resources.remove(key)?;
         self.held.remove(&resource);
         self.holds.forget(key);
+        self.uncharge(key, &resource);
         Some(resource)
     }
 
@@ -249,15 +296,58 @@ impl Tables {
             HoldChange::GiveAway { from, to } => {
                 self.holds.hold(key, to, monitor);
                 self.holds.end(key, from);
+                self.recharge(key);
                 None
             }
             HoldChange::Release(pid) => {
                 if self.holds.end(key, pid) {
                     self.take(key)
                 } else {
+                    self.recharge(key);
                     None
                 }
             }
+        }
+    }
+
+    /// Charges a buffer's bytes to client node `node`.
+    fn charge(&mut self, key: &Reference, resource: &Resource, node: &str) {
+        let Resource::Buffer(b) = resource else {
+            return;
+        };
+        *self.bytes_by_node.entry(node.to_string()).or_default() += b.byte_size() as u64;
+        self.charged.insert(key.clone(), node.to_string());
+    }
+
+    /// Takes a buffer's bytes off the node it is charged to.
+    fn uncharge(&mut self, key: &Reference, resource: &Resource) {
+        let (Resource::Buffer(b), Some(node)) = (resource, self.charged.remove(key)) else {
+            return;
+        };
+        if let Some(bytes) = self.bytes_by_node.get_mut(&node) {
+            *bytes -= b.byte_size() as u64;
+            if *bytes == 0 {
+                self.bytes_by_node.remove(&node);
+            }
+        }
+    }
+
+    /// After holds on `key` ended: charges it to a holder's node if no process of the node it is
+    /// charged to holds it any more.
+    fn recharge(&mut self, key: &Reference) {
+        let (Some(node), Some(holders)) = (self.charged.get(key), self.holds.holders.get(key))
+        else {
+            return;
+        };
+        if holders.iter().any(|h| h.node.name == *node) {
+            return;
+        }
+        let Some(next) = holders.first().map(|h| h.node.name.clone()) else {
+            return;
+        };
+        if let Some(resource) = self.resources.get(key).cloned() {
+            self.uncharge(key, &resource);
+            self.charge(key, &resource, &next);
         }
     }
 }
@@ -285,9 +375,11 @@ impl Resources {
     ) {
         let mut t = self.lock();
         t.held.add(&resource);
-        if let Some(replaced) = t.resources.insert(reference.clone(), resource) {
+        if let Some(replaced) = t.resources.insert(reference.clone(), resource.clone()) {
             t.held.remove(&replaced);
+            t.uncharge(reference, &replaced);
         }
+        t.charge(reference, &resource, &owner.node.name);
         t.holds.hold(reference, owner, monitor);
     }
 
@@ -334,13 +426,22 @@ impl Resources {
     /// be dropped as [`Resources::free`] says.
     pub fn owner_down(&self, monitor: &Reference) -> Vec<Resource> {
         let mut t = self.lock();
+        let held = t.holds.held_by(monitor);
         let alone = t.holds.holder_down(monitor);
+        for key in held.iter().filter(|key| !alone.contains(key)) {
+            t.recharge(key);
+        }
         alone.iter().filter_map(|key| t.take(key)).collect()
     }
 
     /// What is held now.
     pub fn held(&self) -> Held {
         self.lock().held
+    }
+
+    /// Bytes of the buffers the processes of client node `node` hold.
+    pub fn bytes_of_node(&self, node: &str) -> u64 {
+        self.lock().bytes_by_node.get(node).copied().unwrap_or(0)
     }
 }
 

@@ -34,7 +34,8 @@ use crate::dispatch::RunHandle;
 use crate::node::gen::Caller;
 use crate::node::term::{as_atom, as_i64, as_list, list};
 use crate::node::Dest;
-use crate::schedule::{Place, RunJob, TimedOut};
+use crate::schedule::tenants::Priority;
+use crate::schedule::{Place, RunJob, RunTicket, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Argument, Buffer, DType, Executable, HostTensor, Run, XlaError};
 use eetf::{Pid, Reference, Term};
@@ -145,6 +146,8 @@ struct RunOptions {
     device: Option<Term>,
     /// `owner: pid`: who holds the results kept on the device (`None`: the caller).
     owner: Option<Pid>,
+    /// Among the queued runs of the caller's node.
+    priority: Priority,
 }
 
 impl RunRequest {
@@ -182,20 +185,36 @@ impl RunRequest {
             Err(e) => return reply(state, &from, Err(e)),
         };
         let calls_back = program.calls_back;
-        let queue_timeout = options.queue_timeout;
+        let tenant = state.tenant_of(&from.pid);
+        // Refused now rather than after a wait when it cannot fit its node's quota as things
+        // stand; checked again, and reserved, once it has its place.
+        if let Err(e) = state.check_quota("the run", run.device_bytes(), &tenant) {
+            return reply(state, &from, Err(e));
+        }
+        let ticket = RunTicket {
+            tenant: tenant.clone(),
+            priority: options.priority,
+            lane: program.lane(run.devices()[0]),
+            queue_timeout: options
+                .queue_timeout
+                .unwrap_or_else(|| state.default_queue_timeout()),
+        };
         let timed_out: TimedOut = {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
         let job: RunJob = {
-            let state = state.clone();
+            let (state, from) = (state.clone(), from.clone());
             Box::new(move |place| {
                 let started = state.runs().started(received);
+                tenant
+                    .queue_wait
+                    .record(started.saturating_duration_since(received));
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
-                let reserved = state.reserve_device("the run", run.device_bytes());
-                let _reserved = match reserved {
-                    Ok(reserved) => reserved,
+                let reserved = state.reserve_device("the run", run.device_bytes(), &from.pid);
+                let mut reserved = match reserved {
+                    Ok(reserved) => Some(reserved),
                     Err(refused) => {
                         state.runs().executed(started);
                         return reply(&state, &from, Err(refused));
@@ -204,7 +223,7 @@ impl RunRequest {
                 // The run holds its place until it has completed, also when it was answered at
                 // launch.
                 let early = early_answer(calls_back, &options);
-                execute(
+                let inline = execute(
                     &state,
                     place,
                     &run,
@@ -214,12 +233,27 @@ impl RunRequest {
                     early,
                     &mut |results| {
                         state.runs().executed(started);
+                        // Its results are the caller's buffers now (registered), or gone (read
+                        // back): their bytes are given back before the caller hears, whose next
+                        // request must not find them counted twice. A run answered at launch
+                        // keeps its host arguments' until it completes: XLA still uses them.
+                        match (early, &mut reserved) {
+                            (true, Some(reserved)) => reserved.give_back(run.result_bytes()),
+                            _ => drop(reserved.take()),
+                        }
                         reply(&state, &from, results.map_err(Into::into));
                     },
                 );
+                drop(reserved);
+                if let Some(inline) = inline {
+                    program.executed(inline);
+                }
             })
         };
-        state.submit_run(calls_back, queue_timeout, job, timed_out);
+        // A refusal is no run: counted among the node's overloaded runs, not its run errors.
+        if let Err(overloaded) = state.submit_run(ticket, job, timed_out) {
+            state.reply_error(&from, &overloaded);
+        }
     }
 }
 
@@ -294,7 +328,8 @@ fn early_answer(calls_back: bool, options: &RunOptions) -> bool {
 /// once with the results as the reply lists them (the results the caller keeps registered as
 /// its buffers) or the run's error: at launch when `early` ([`early_answer`]), else at
 /// completion. After an early answer, an error XLA reports at completion reaches the caller
-/// through the kept buffers, at their next use.
+/// through the kept buffers, at their next use. Returns, for a run that succeeded, whether it
+/// had completed when XLA's `Execute` returned (it executed on this thread).
 #[allow(clippy::too_many_arguments)]
 fn execute(
     state: &State,
@@ -305,7 +340,7 @@ fn execute(
     from: &Caller,
     early: bool,
     answer: &mut dyn FnMut(Result<Vec<Term>, XlaError>),
-) {
+) -> Option<bool> {
     let _running: Vec<_> = run
         .devices()
         .iter()
@@ -346,28 +381,37 @@ fn execute(
             .map(|chunk| list(chunk.to_vec()))
             .collect())
     };
+    let mut inline = false;
     if early {
         let mut answered = false;
-        let completed = passage.execute_handing_over(run, &mut |outputs| {
-            answered = true;
-            answer(terms(outputs));
-        });
+        let completed = passage.execute_handing_over(
+            run,
+            &mut |completed| inline = completed,
+            &mut |outputs| {
+                answered = true;
+                answer(terms(outputs));
+            },
+        );
         drop(callbacks);
+        let succeeded = completed.is_ok();
         if let (Err(e), false) = (completed, answered) {
             answer(Err(e));
         }
-        return;
+        return succeeded.then_some(inline);
     }
-    let outputs = passage.execute(run);
+    let outputs = passage.execute(run, &mut |completed| inline = completed);
     drop(callbacks);
+    let succeeded = outputs.is_ok();
     answer(outputs.and_then(terms));
+    succeeded.then_some(inline)
 }
 
 /// Replies with a run's results or its error, and counts it: every run that was parsed ends
 /// here, once (a lookup or argument error, a refusal, XLA's result), except a run whose
-/// `queue_timeout` passed, which the scheduler counts among its queue timeouts.
+/// `queue_timeout` passed or that was refused as overloaded, which the scheduler counts apart.
 fn reply(state: &State, from: &Caller, results: Result<Vec<Term>, RequestError>) {
     state.runs().record(results.is_err());
+    state.tenant_of(&from.pid).answered();
     state.reply_result(from, results.map(list));
 }
 
@@ -453,9 +497,16 @@ fn run_options(opts: &Term) -> Result<RunOptions, RequestError> {
                     Milliseconds::NonNegative,
                 )?)
             }
+            "priority" => {
+                options.priority = as_atom(&value).and_then(Priority::parse).ok_or_else(|| {
+                    argument(format!(
+                        "priority must be :high, :normal or :low, got {value}"
+                    ))
+                })?
+            }
             other => {
                 return Err(argument(format!(
-                    "unknown run option {other} (supported: device, keep_on_device, wait, callback_server, callback_timeout, queue_timeout, owner)"
+                    "unknown run option {other} (supported: device, keep_on_device, wait, callback_server, callback_timeout, queue_timeout, owner, priority)"
                 )))
             }
         }

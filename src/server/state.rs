@@ -18,7 +18,8 @@ use crate::metrics::Histogram;
 use crate::node::gen::{self, Caller};
 use crate::node::term::ok;
 use crate::node::{Dest, Node};
-use crate::schedule::{CallingBackRun, RunCounts, RunJob, Scheduler, TimedOut};
+use crate::schedule::tenants::Tenant;
+use crate::schedule::{CallingBackRun, RunCounts, RunJob, RunTicket, Scheduler, TimedOut};
 use crate::xla::{Buffer, Client, CompileOptions, Executor, ExecutorStats, HostTensor, XlaError};
 use eetf::{Pid, Reference, Term};
 use std::path::{Path, PathBuf};
@@ -96,9 +97,15 @@ impl State {
         gen::reply_from(&self.node, &self.server, from, reply);
     }
 
-    /// Replies `{:error, {kind, message}}`, and counts it: every error reply goes through here.
+    /// Replies `{:error, {kind, message}}`, and counts it: every error reply goes through here,
+    /// a refusal (`:overloaded`, `:quota`, `:resource_exhausted`, `:timeout`) also for the
+    /// caller's node.
     pub fn reply_error(&self, from: &Caller, error: &RequestError) {
-        self.errors.record(error.kind());
+        let kind = error.kind();
+        self.errors.record(kind);
+        if let Some(refusal) = kind.refusal() {
+            self.tenant_of(&from.pid).refused(refusal);
+        }
         self.reply(from, error.to_reply());
     }
 
@@ -241,10 +248,44 @@ impl State {
         self.scheduler.spawn(Box::new(move || job(&state)));
     }
 
-    /// Reserves `bytes` of device memory for `what` under `--max-device-bytes`, counting the
-    /// buffers held, or says why not.
-    pub fn reserve_device(&self, what: &str, bytes: u64) -> Result<Reservation<'_>, RequestError> {
-        self.device_budget.reserve(&self.resources, what, bytes)
+    /// Reserves `bytes` of device memory for `what` of `owner` under its node's quota and
+    /// `--max-device-bytes`, counting the buffers held, or says why not.
+    pub fn reserve_device(
+        &self,
+        what: &str,
+        bytes: u64,
+        owner: &Pid,
+    ) -> Result<Reservation<'_>, RequestError> {
+        let tenant = self.tenant_of(owner);
+        self.device_budget
+            .reserve(&self.resources, what, bytes, &tenant)
+    }
+
+    /// Whether `bytes` more of device memory for `what` fit `tenant`'s quota now (`:quota` if
+    /// not), reserving nothing.
+    pub fn check_quota(&self, what: &str, bytes: u64, tenant: &Tenant) -> Result<(), RequestError> {
+        self.device_budget
+            .check_quota(&self.resources, what, bytes, tenant)
+    }
+
+    // --- client nodes ---
+
+    /// The client node of `pid`, with its settings and figures.
+    pub fn tenant_of(&self, pid: &Pid) -> Arc<Tenant> {
+        self.scheduler.tenants().get(&pid.node.name)
+    }
+
+    /// Every client node seen so far.
+    pub fn tenants(&self) -> Vec<Arc<Tenant>> {
+        self.scheduler.tenants().all()
+    }
+
+    /// Bytes of device memory client node `node` holds: (in its buffers, in work in flight).
+    pub fn device_bytes_of(&self, node: &str) -> (u64, u64) {
+        (
+            self.resources.bytes_of_node(node),
+            self.device_budget.in_flight_of(node),
+        )
     }
 
     /// Copies `tensor` to `device` as a buffer `owner` holds (on an executor thread).
@@ -254,7 +295,7 @@ impl State {
         device: usize,
         owner: &Pid,
     ) -> Result<Reference, RequestError> {
-        let _reserved = self.reserve_device("the to_device", tensor.data.len() as u64)?;
+        let _reserved = self.reserve_device("the to_device", tensor.data.len() as u64, owner)?;
         let buffer = self.executor.client().buffer_from_host_on(
             &tensor.data,
             tensor.dtype,
@@ -297,18 +338,21 @@ impl State {
 
     // --- runs ---
 
-    /// Hands a run to the scheduler; `queue_timeout`: the run's own (`None`: the node's
-    /// default; `Some(None)`: no limit).
+    /// The node's default bound on a run's wait for a place (`None`: no limit).
+    pub fn default_queue_timeout(&self) -> Option<Duration> {
+        self.queue_timeout
+    }
+
+    /// Hands a run to the scheduler; `Err`: refused, with the `:overloaded` reply's text.
     pub fn submit_run(
         &self,
-        calls_back: bool,
-        queue_timeout: Option<Option<Duration>>,
+        ticket: RunTicket,
         job: RunJob,
         timed_out: TimedOut,
-    ) {
-        let queue_timeout = queue_timeout.unwrap_or(self.queue_timeout);
+    ) -> Result<(), RequestError> {
         self.scheduler
-            .submit_run(calls_back, queue_timeout, job, timed_out);
+            .submit_run(ticket, job, timed_out)
+            .map_err(RequestError::Overloaded)
     }
 
     /// Opens a run's callback context (see [`Dispatcher::open_run`]); `timeout`: the run's own

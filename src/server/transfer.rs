@@ -225,7 +225,7 @@ impl UploadRequest {
         let upload = Upload::new(self.spec, placement);
         // Only a check: the buffer's bytes count as held once it is made.
         let begun = state
-            .reserve_device("the upload", upload.total as u64)
+            .reserve_device("the upload", upload.total as u64, &from.pid)
             .map(|fits| {
                 drop(fits);
                 Term::from(state.register(Resource::Upload(Arc::new(upload)), &from.pid))

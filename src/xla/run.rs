@@ -174,8 +174,8 @@ impl Run {
     }
 
     /// Bytes this run puts on the device beyond the buffers it names: its host arguments,
-    /// copied there for the run, and its results. Known before anything is allocated, so a
-    /// caller can refuse a run that would not fit.
+    /// copied there for the run, and its results ([`Run::result_bytes`]). Known before anything
+    /// is allocated, so a caller can refuse a run that would not fit.
     pub fn device_bytes(&self) -> u64 {
         let uploaded: usize = self
             .args
@@ -186,14 +186,13 @@ impl Run {
                 Argument::Device(_) => 0,
             })
             .sum();
-        let results: usize = self
-            .exe
-            .outputs()
-            .iter()
-            .map(|o| o.byte_size())
-            .sum::<usize>()
-            * self.device_count();
-        (uploaded + results) as u64
+        uploaded as u64 + self.result_bytes()
+    }
+
+    /// Bytes of this run's results, on every device it runs on.
+    pub fn result_bytes(&self) -> u64 {
+        let per_device: usize = self.exe.outputs().iter().map(|o| o.byte_size()).sum();
+        (per_device * self.device_count()) as u64
     }
 
     /// Executes on its device and waits for the results, one buffer each.

@@ -9,8 +9,11 @@ defmodule XlaNode.Error do
       * errors the node reports: `:argument_error`, `:compile_error`, `:runtime_error`,
         `:timeout` (a run that waited longer than its `:queue_timeout` for a place),
         `:resource_exhausted` (a transfer or run that would take the device past the node's
-        `--max-device-bytes`; it succeeds once buffers are freed), and any other kind a node may
-        send, e.g. `:bad_request`;
+        `--max-device-bytes`; it succeeds once buffers are freed), `:quota` (the same past this
+        BEAM node's own device memory quota on the compute node, `--tenant ...:max_device_bytes`;
+        it succeeds once this node's buffers there are freed), `:overloaded` (a run refused at
+        once because this BEAM node already has its `max_queued` runs waiting there: back off
+        and retry), and any other kind a node may send, e.g. `:bad_request`;
       * errors of the call itself, when the node could not be asked or did not answer:
         `:noproc` (no `:xla` process there), `:nodedown` (no connection to the node),
         `:timeout` (no answer within the `:timeout` option), `:exit` (the call exited for
@@ -35,6 +38,8 @@ defmodule XlaNode.Error do
           | :compile_error
           | :runtime_error
           | :resource_exhausted
+          | :quota
+          | :overloaded
           | :noproc
           | :nodedown
           | :timeout

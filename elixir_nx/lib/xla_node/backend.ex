@@ -21,6 +21,11 @@ defmodule XlaNode.Backend do
       are then placed on a node the pool chooses, and each operation runs on the node holding
       its tensors (a tensor on another node of the pool is sent along, as between two nodes)
 
+    * `:priority` - `:high`, `:normal` (the default) or `:low`: the priority of the eager
+      operations of a process whose default backend has it, among the runs of its BEAM node
+      waiting on the compute node (see `XlaNode.run/4`), e.g.
+      `Nx.default_backend({XlaNode.Backend, node: node, priority: :low})` in a batch job
+
   Other options are ignored, as `EXLA.Backend` ignores those it does not know.
 
   ## Operations

@@ -72,6 +72,9 @@ defmodule XlaNode.Compiler do
     * `:hooks` - a map of hook names to functions, overriding the hooks of the expression
     * `:queue_timeout` - how long a run may wait for a place on a node that already runs as
       many as it admits, in milliseconds or `:infinity` (default: the node's `--queue-timeout`)
+    * `:priority` - `:high`, `:normal` (the default) or `:low`: where the runs go among this
+      BEAM node's runs waiting on the compute node (see `XlaNode.run/4`); e.g. a latency-bound
+      `Nx.Serving` at `:high` beside a batch job's `Nx.Defn.jit(..., priority: :low)`
     * `:timeout` - how long to wait for the run's result, in milliseconds or `:infinity`
       (default `:infinity`)
     * `:debug` - log (`Logger.debug/1`) each program's lowered module with how long lowering

@@ -60,6 +60,17 @@ defmodule XlaNode.Load do
     """
   end
 
+  @doc "`main(x: f32[4]) -> f32[n]`: x's first element, broadcast (a run of `n * 4` bytes of results)."
+  def wide_program(n) do
+    """
+    func.func @main(%x: tensor<4xf32>) -> tensor<#{n}xf32> {
+      %s = stablehlo.slice %x [0:1] : (tensor<4xf32>) -> tensor<1xf32>
+      %y = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1xf32>) -> tensor<#{n}xf32>
+      return %y : tensor<#{n}xf32>
+    }
+    """
+  end
+
   @doc "Each f32 of `bin` plus one."
   def plus_one(bin),
     do: for(<<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>)

@@ -52,7 +52,7 @@ defmodule XlaNode.Backend.Eager do
 
           Transfer.data(
             node,
-            Transfer.run!(node, exe, args, [keep_on_device: true] ++ Transfer.owner())
+            Transfer.run!(node, exe, args, [keep_on_device: true] ++ Transfer.owner() ++ priority())
           )
 
         _ ->
@@ -80,7 +80,7 @@ defmodule XlaNode.Backend.Eager do
   @impl true
   def __compile__(_key, vars, fun, opts) do
     node = Keyword.fetch!(opts, :node)
-    program_opts = [node: node, callbacks: :inside, keep_on_device: true]
+    program_opts = [node: node, callbacks: :inside, keep_on_device: true] ++ priority()
     info = Cache.node_info(node)
     Program.runner(Keyword.fetch!(opts, :cache_key), vars, fun, program_opts, info)
   end
@@ -90,6 +90,15 @@ defmodule XlaNode.Backend.Eager do
 
   @impl true
   def __to_backend__(opts), do: {Backend, node: Keyword.fetch!(opts, :node)}
+
+  # The `:priority` of the process's default backend options (`{XlaNode.Backend, node: n,
+  # priority: :low}`), which its eager operations run at.
+  defp priority do
+    case Nx.default_backend() do
+      {Backend, opts} -> Keyword.take(opts, [:priority])
+      _other -> []
+    end
+  end
 
   # Splits the arguments into the tensors (at the top level or in a list) and the rest, with
   # {Backend, :tensor} where each tensor was.

@@ -18,6 +18,7 @@ defmodule XlaNode.Compiler.Options do
     callbacks: {:in, [:inside, :split]},
     callback_timeout: :positive_timeout,
     queue_timeout: :timeout,
+    priority: {:in, [:high, :normal, :low]},
     hooks: :map,
     keep_on_device: :boolean,
     timeout: :timeout,

@@ -42,7 +42,7 @@ defmodule XlaNode.Compiler.Program do
   now.
 
   `opts` are the compiler's, with `:keep_on_device` decided: `:hooks`, `:callback_timeout`,
-  `:queue_timeout`, `:timeout`, `:wait`, `:debug` (log the lowered module and how long lowering
+  `:queue_timeout`, `:priority`, `:timeout`, `:wait`, `:debug` (log the lowered module and how long lowering
   and compiling took, as `EXLA`'s `:debug` does) and `:inline_results` (results that stay on
   the node come back in the reply instead when they are small, `XlaNode.Backend.Transfer.inline?/1`). `info` is `XlaNode.Compiler.Cache.node_info/1`'s.
 
@@ -73,7 +73,7 @@ defmodule XlaNode.Compiler.Program do
 
     run_opts =
       opts
-      |> Keyword.take([:callback_timeout, :queue_timeout, :wait])
+      |> Keyword.take([:callback_timeout, :queue_timeout, :wait, :priority])
       |> then(&if(device = opts[:device_id], do: [{:device, device} | &1], else: &1))
       |> Keyword.put(:keep_on_device, kept_results(keep?, inline?, outputs))
       |> Keyword.put(:telemetry_metadata, telemetry_metadata(stored_key))

@@ -300,7 +300,7 @@ defmodule XlaNode.Compiler.Shard do
 
     run_opts =
       opts
-      |> Keyword.take([:queue_timeout, :wait, :timeout])
+      |> Keyword.take([:queue_timeout, :wait, :timeout, :priority])
       |> Keyword.put(
         :keep_on_device,
         Program.kept_results(keep?, inline?, {structure, templates})

@@ -1,0 +1,118 @@
+# What the client nodes of bench/tenants.exs run: loops of raw `{:run, exe, [x]}` calls to a
+# compute node, timed or counted. Loaded with Code.require_file/1 on each client node (BEAM peers
+# started by bench/tenants.exs), so that the loops run as compiled code there.
+defmodule Bench.TenantClients do
+  @doc "An f32[n] tensor of ones."
+  def ones(n), do: {:binary.copy(<<1.0::float-32-little>>, n), {{:f, 32}, [n]}}
+
+  @doc """
+  A callback server on this node for programs whose one `runtime_call` returns its argument:
+  it answers each after `delay_ms` (each on a process of its own, so that delays overlap).
+  """
+  def callback_server(delay_ms) do
+    spawn(fn -> serve(delay_ms) end)
+  end
+
+  defp serve(delay_ms) do
+    receive do
+      {:exla_runtime_call, _id, [{bin, _spec}], {pid, ref}} ->
+        if delay_ms == 0 do
+          send(pid, {ref, {:ok, [bin]}})
+        else
+          spawn(fn ->
+            Process.sleep(delay_ms)
+            send(pid, {ref, {:ok, [bin]}})
+          end)
+        end
+    end
+
+    serve(delay_ms)
+  end
+
+  @doc """
+  The run options of a program that calls back (`callback_delay_ms` an integer: a callback
+  server on this node answering after that long), or none (`nil`).
+  """
+  def run_options(nil), do: []
+  def run_options(delay_ms), do: [callback_server: callback_server(delay_ms)]
+
+  @doc """
+  `count` runs of `exe` on `ones(n)`, one after another with `think_ms` between them; the
+  microseconds each took, from the call to the reply. `callback_delay_ms`: see `run_options/1`.
+  """
+  def latencies(node, exe, n, count, think_ms, callback_delay_ms \\ nil) do
+    x = ones(n)
+    request = {:run, exe, [x], run_options(callback_delay_ms)}
+
+    for _ <- 1..count do
+      Process.sleep(think_ms)
+      t0 = System.monotonic_time(:nanosecond)
+      {:ok, [_]} = GenServer.call({:xla, node}, request, :infinity)
+      (System.monotonic_time(:nanosecond) - t0) / 1000
+    end
+  end
+
+  @doc """
+  Starts `procs` processes that each run `exe` on `ones(n)` over and over until `stop/1`; returns
+  the process that stops them. Each keeps one run in flight. `callback_delay_ms`: see
+  `run_options/1`.
+  """
+  def start_load(node, exe, n, procs, callback_delay_ms \\ nil) do
+    spawn(fn ->
+      request = {:run, exe, [ones(n)], run_options(callback_delay_ms)}
+      counter = :counters.new(1, [:atomics])
+      stop = :atomics.new(1, [])
+
+      workers =
+        for _ <- 1..procs do
+          spawn_link(fn -> loop(node, request, counter, stop) end)
+        end
+
+      serve_load(workers, counter, stop)
+    end)
+  end
+
+  defp serve_load(workers, counter, stop) do
+    receive do
+      {:count, from} ->
+        send(from, {:count, :counters.get(counter, 1)})
+        serve_load(workers, counter, stop)
+
+      {:stop, from} ->
+        :atomics.put(stop, 1, 1)
+        refs = Enum.map(workers, &Process.monitor/1)
+        for ref <- refs, do: receive(do: ({:DOWN, ^ref, _, _, _} -> :ok))
+        send(from, {:stopped, :counters.get(counter, 1)})
+    end
+  end
+
+  @doc "Stops a load started by `start_load/4`; the runs it completed."
+  def stop(load) do
+    send(load, {:stop, self()})
+
+    receive do
+      {:stopped, runs} -> runs
+    after
+      120_000 -> raise "the load did not stop"
+    end
+  end
+
+  @doc "The runs a load started by `start_load/4` completed so far."
+  def completed(load) do
+    send(load, {:count, self()})
+
+    receive do
+      {:count, runs} -> runs
+    after
+      30_000 -> raise "the load did not answer"
+    end
+  end
+
+  defp loop(node, request, counter, stop) do
+    if :atomics.get(stop, 1) == 0 do
+      {:ok, [_]} = GenServer.call({:xla, node}, request, :infinity)
+      :counters.add(counter, 1, 1)
+      loop(node, request, counter, stop)
+    end
+  end
+end
