@@ -17,10 +17,12 @@ defmodule XlaNode.HoldersTest do
 
   defp call(node, request), do: GenServer.call({:xla, node.name}, request, 30_000)
 
-  defp buffers(node) do
-    {:ok, %{buffers: buffers}} = call(node, :info)
-    buffers
+  defp info(node) do
+    {:ok, info} = call(node, :info)
+    info
   end
+
+  defp buffers(node), do: info(node).buffers
 
   # The node's buffer count comes to `n` (a cast, or a holder's exit, is seen a little later).
   defp buffers_come_to?(node, n), do: Harness.eventually(fn -> buffers(node) == n end) != nil
@@ -250,10 +252,16 @@ defmodule XlaNode.HoldersTest do
     n0 = buffers(node)
     peer = Harness.start_peer()
     remote = Node.spawn(peer.node, :timer, :sleep, [:infinity])
+    charged = fn client -> get_in(info(node), [:tenants, client, :device_bytes]) || 0 end
+    here = charged.(node())
     {:ok, buffer} = call(node, {:to_device, f32([7.0])})
     assert call(node, {:share, buffer, remote}) == :ok
+    # Its bytes count against the quota of the node that made it while that node holds it...
+    assert {charged.(node()), charged.(peer.node)} == {here + 4, 0}
     assert call(node, {:release, buffer}) == :ok
     assert read!(node, buffer) == [7.0]
+    # ... and then against the node that holds it.
+    assert {charged.(node()), charged.(peer.node)} == {here, 4}
 
     # The peer's own process reads it, as any process that knows the reference may.
     assert {:ok, {<<7.0::float-32-little>>, _}} =

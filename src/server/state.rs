@@ -121,6 +121,9 @@ impl State {
 
     /// Stores a new resource held by `owner` and returns the reference that names it.
     pub fn register(&self, resource: Resource, owner: &Pid) -> Reference {
+        // Its node is a client node whose device bytes `:info` reports, whether it asked for
+        // anything or not (an `owner:` elsewhere).
+        self.tenant_of(owner);
         let reference = self.node.make_ref();
         self.resources
             .insert(&reference, resource, owner, &|holder| self.monitor(holder));
@@ -141,6 +144,10 @@ impl State {
         change: HoldChange,
         strictness: Strictness,
     ) -> Result<(), RequestError> {
+        if let HoldChange::Share(holder) | HoldChange::GiveAway { to: holder, .. } = change {
+            // As in `register`: the new holder's node is a client node.
+            self.tenant_of(holder);
+        }
         let released = self
             .resources
             .change_holds(references, change, strictness, &|holder| {
