@@ -46,10 +46,12 @@
 //! for a place.
 //!
 //! Files: this one (admission, the hand-over, [`Place`]), `gate` (the last wait before
-//! `Execute`), `callback_activity` (whether idle executor threads may poll for their next job).
+//! `Execute`), `callback_activity` (whether idle executor threads may poll for their next job),
+//! `run_probe` (where a run's time goes, with `XLA_NODE_RUN_TRACE=1`).
 
 mod callback_activity;
 mod gate;
+pub mod run_probe;
 
 pub use callback_activity::CallbackActivity;
 pub use gate::{CallingBackRun, Gate, QueueableRun};
@@ -314,11 +316,20 @@ impl Passage<'_> {
     pub fn execute(self, run: &Run) -> Result<Vec<Buffer>, XlaError> {
         match self {
             Passage::CallingBack(gated) => {
-                let outputs = run.execute_observed(&mut |completed| gated.launched(completed));
+                let outputs = run.execute_observed(&mut |completed| {
+                    run_probe::mark(run_probe::Step::Launched);
+                    gated.launched(completed);
+                });
                 gated.finished();
+                run_probe::mark(run_probe::Step::Completed);
                 outputs
             }
-            Passage::WithoutCallbacks(_window) => run.execute(),
+            Passage::WithoutCallbacks(_window) => {
+                let outputs =
+                    run.execute_observed(&mut |_| run_probe::mark(run_probe::Step::Launched));
+                run_probe::mark(run_probe::Step::Completed);
+                outputs
+            }
         }
     }
 
@@ -333,7 +344,14 @@ impl Passage<'_> {
         hand_over: &mut dyn FnMut(Vec<Buffer>),
     ) -> Result<(), XlaError> {
         match self {
-            Passage::WithoutCallbacks(_window) => run.execute_handing_over(&mut |_| {}, hand_over),
+            Passage::WithoutCallbacks(_window) => {
+                let completed = run.execute_handing_over(
+                    &mut |_| run_probe::mark(run_probe::Step::Launched),
+                    hand_over,
+                );
+                run_probe::mark(run_probe::Step::Completed);
+                completed
+            }
             calling_back => {
                 hand_over(calling_back.execute(run)?);
                 Ok(())

@@ -9,6 +9,7 @@ use crate::dispatch::Outcome;
 use crate::metrics::Snapshot;
 use crate::node::term::{atom, binary, boolean, int, list, map};
 use crate::node::{probe, traffic};
+use crate::schedule::run_probe;
 use crate::xla::{loaded_kernels, DeviceMemory, LoadedKernel};
 use eetf::{Float, Term};
 
@@ -23,7 +24,7 @@ pub fn info(state: &State) -> Term {
     let (major, minor) = client.api().version();
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
     let devices = client.devices().iter().map(|d| text(d.name())).collect();
-    map(vec![
+    let mut entries = vec![
         ("node", atom(node.name())),
         ("version", text(env!("CARGO_PKG_VERSION"))),
         ("uptime_ms", int(node.uptime().as_millis() as i64)),
@@ -75,7 +76,20 @@ pub fn info(state: &State) -> Term {
             "kernels",
             list(loaded_kernels().iter().map(kernel).collect()),
         ),
-    ])
+    ];
+    // With XLA_NODE_RUN_TRACE=1: the median microseconds from the server's receipt of a run to
+    // each of its steps (see `schedule::run_probe`).
+    if let Some((samples, medians)) = run_probe::medians() {
+        let mut trace = vec![("samples", int(samples as i64))];
+        trace.extend(
+            run_probe::MEASURED
+                .iter()
+                .zip(medians)
+                .map(|((_, name), us)| (*name, Term::from(Float { value: us }))),
+        );
+        entries.push(("run_trace", map(trace)));
+    }
+    map(entries)
 }
 
 /// One device: its id and kind, the runs it executed and is executing, and its memory where

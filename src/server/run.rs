@@ -34,6 +34,7 @@ use crate::dispatch::RunHandle;
 use crate::node::gen::Caller;
 use crate::node::term::{as_atom, as_i64, as_list, list};
 use crate::node::Dest;
+use crate::schedule::run_probe::{self, RunMarks, Step};
 use crate::schedule::{Place, RunJob, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
 use crate::xla::{Argument, Buffer, DType, Executable, HostTensor, Run, XlaError};
@@ -160,6 +161,7 @@ impl RunRequest {
     /// scheduler.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
         let received = Instant::now();
+        let mut marks = RunMarks::received();
         let RunRequest {
             exe,
             args,
@@ -185,9 +187,11 @@ impl RunRequest {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
+        marks.mark(Step::Checked);
         let job: RunJob = {
             let state = state.clone();
             Box::new(move |place| {
+                run_probe::started(marks);
                 let started = state.runs().started(received);
                 // Checked here, when the run has its place and before XLA allocates: buffers
                 // freed while it waited count no more.
@@ -211,10 +215,13 @@ impl RunRequest {
                     &from,
                     early,
                     &mut |results| {
+                        run_probe::mark(Step::Converted);
                         state.runs().executed(started);
                         reply(&state, &from, results.map_err(Into::into));
+                        run_probe::mark(Step::Replied);
                     },
                 );
+                run_probe::finished();
             })
         };
         state.submit_run(calls_back, queue_timeout, job, timed_out);
@@ -310,6 +317,7 @@ fn execute(
         .map(|&device| state.device_runs().start(device))
         .collect();
     let passage = place.enter_xla();
+    run_probe::mark(Step::Entered);
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
             handle,
