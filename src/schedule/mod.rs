@@ -56,6 +56,7 @@ pub mod run_probe;
 pub use callback_activity::CallbackActivity;
 pub use gate::{CallingBackRun, Gate, QueueableRun};
 
+use crate::node::Node;
 use crate::xla::{Buffer, Executor, Run, XlaError};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -144,22 +145,26 @@ pub struct Scheduler {
     /// Keeps runs that call back out of XLA's line of queued computations.
     gate: Arc<Gate>,
     calling_back: Arc<CallbackActivity>,
+    /// Whose busy wait a run holds while XLA's threads compute its program.
+    node: Node,
 }
 
 impl Scheduler {
-    /// A scheduler whose queue timers run on `runtime`, which records in `calling_back` when
-    /// runs that call back execute.
+    /// A scheduler whose queue timers run on `node`'s runtime, which records in `calling_back`
+    /// when runs that call back execute, and holds `node`'s busy wait while XLA's threads
+    /// compute a run's program ([`Node::hold_busy_wait`]).
     pub fn new(
         executor: Executor,
-        runtime: tokio::runtime::Handle,
+        node: Node,
         calling_back: Arc<CallbackActivity>,
     ) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             executor,
-            runtime,
+            runtime: node.runtime().clone(),
             state: Mutex::default(),
             gate: Arc::default(),
             calling_back,
+            node,
         })
     }
 
@@ -289,15 +294,17 @@ impl Place {
         if self.calls_back {
             Passage::CallingBack(gate.run_calling_back())
         } else {
-            Passage::WithoutCallbacks(gate.run_without_callbacks())
+            Passage::WithoutCallbacks(gate.run_without_callbacks(), &self.scheduler.node)
         }
     }
 }
 
 /// A run past the gate, about to execute.
 pub enum Passage<'a> {
-    /// A run without callbacks: its window at the gate lasts until it is executed.
-    WithoutCallbacks(QueueableRun<'a>),
+    /// A run without callbacks: its window at the gate lasts until it is executed. While XLA's
+    /// threads compute it, it holds the node's busy wait: they keep the CPUs awake, and a
+    /// spinning thread would only take time from them.
+    WithoutCallbacks(QueueableRun<'a>, &'a Node),
     /// A run that calls back: the dispatcher reports its first custom call on the run's own
     /// thread to it.
     CallingBack(Arc<CallingBackRun>),
@@ -308,7 +315,7 @@ impl Passage<'_> {
     pub fn calling_back(&self) -> Option<Arc<CallingBackRun>> {
         match self {
             Passage::CallingBack(run) => Some(run.clone()),
-            Passage::WithoutCallbacks(_) => None,
+            Passage::WithoutCallbacks(..) => None,
         }
     }
 
@@ -324,9 +331,13 @@ impl Passage<'_> {
                 run_probe::mark(run_probe::Step::Completed);
                 outputs
             }
-            Passage::WithoutCallbacks(_window) => {
-                let outputs =
-                    run.execute_observed(&mut |_| run_probe::mark(run_probe::Step::Launched));
+            Passage::WithoutCallbacks(_window, node) => {
+                let mut held = early_hold(run, node);
+                let outputs = run.execute_observed(&mut |completed| {
+                    run_probe::mark(run_probe::Step::Launched);
+                    held = (!completed).then(|| node.hold_busy_wait());
+                });
+                drop(held);
                 run_probe::mark(run_probe::Step::Completed);
                 outputs
             }
@@ -344,11 +355,16 @@ impl Passage<'_> {
         hand_over: &mut dyn FnMut(Vec<Buffer>),
     ) -> Result<(), XlaError> {
         match self {
-            Passage::WithoutCallbacks(_window) => {
+            Passage::WithoutCallbacks(_window, node) => {
+                let mut held = early_hold(run, node);
                 let completed = run.execute_handing_over(
-                    &mut |_| run_probe::mark(run_probe::Step::Launched),
+                    &mut |completed| {
+                        run_probe::mark(run_probe::Step::Launched);
+                        held = (!completed).then(|| node.hold_busy_wait());
+                    },
                     hand_over,
                 );
+                drop(held);
                 run_probe::mark(run_probe::Step::Completed);
                 completed
             }
@@ -358,6 +374,14 @@ impl Passage<'_> {
             }
         }
     }
+}
+
+/// A run over several devices holds the busy wait from before its launch: each partition it
+/// launches wakes XLA's threads, and a spinner competes with the first partitions while the
+/// last are launched. A single-device run takes it only once XLA has queued it: a program XLA
+/// executes within `Execute` would pay for a wake-up of the spinner afterwards.
+fn early_hold(run: &Run, node: &Node) -> Option<crate::node::busy_wait::BusyHold> {
+    (run.device_count() > 1).then(|| node.hold_busy_wait())
 }
 
 impl Drop for Place {
