@@ -63,7 +63,7 @@ thread_local! {
     static CURRENT: RefCell<Option<RunMarks>> = const { RefCell::new(None) };
 }
 
-/// One run's timestamps: nanoseconds since [`EPOCH`] per step, 0 = not reached. Empty (and
+/// One run's timestamps: nanoseconds since the probe's epoch per step, 0 = not reached. Empty (and
 /// free) while tracing is off.
 #[derive(Debug, Default)]
 pub struct RunMarks(Option<[u64; STEPS + 1]>);
