@@ -80,14 +80,8 @@ pub fn info(state: &State) -> Term {
     // With XLA_NODE_RUN_TRACE=1: the median microseconds from the server's receipt of a run to
     // each of its steps (see `schedule::run_probe`).
     if let Some((samples, medians)) = run_probe::medians() {
-        let mut trace = vec![("samples", int(samples as i64))];
-        trace.extend(
-            run_probe::MEASURED
-                .iter()
-                .zip(medians)
-                .map(|((_, name), us)| (*name, Term::from(Float { value: us }))),
-        );
-        entries.push(("run_trace", map(trace)));
+        let names = run_probe::MEASURED.iter().map(|(_, name)| *name);
+        entries.push(("run_trace", trace(samples, names.zip(medians))));
     }
     map(entries)
 }
@@ -127,16 +121,17 @@ fn callbacks(state: &State) -> Term {
     // With XLA_NODE_CALLBACK_TRACE=1: the median microseconds from a custom call's start to
     // each step of its callback (see `node::probe`).
     if let Some((samples, medians)) = probe::medians() {
-        let mut trace = vec![("samples", int(samples as i64))];
-        trace.extend(
-            probe::MEASURED
-                .iter()
-                .zip(medians)
-                .map(|((_, name), us)| (*name, Term::from(Float { value: us }))),
-        );
-        entries.push(("trace", map(trace)));
+        let names = probe::MEASURED.iter().map(|(_, name)| *name);
+        entries.push(("trace", trace(samples, names.zip(medians))));
     }
     map(entries)
+}
+
+/// A probe's medians: how many samples, and each step's median microseconds by its name.
+fn trace<'a>(samples: usize, steps: impl Iterator<Item = (&'a str, f64)>) -> Term {
+    let mut trace = vec![("samples", int(samples as i64))];
+    trace.extend(steps.map(|(name, us)| (name, Term::from(Float { value: us }))));
+    map(trace)
 }
 
 /// The p50 and p99, in microseconds, of the durations `/metrics` shows as histograms, with how
