@@ -1574,3 +1574,71 @@ fn an_spmd_program_runs_on_two_devices_with_one_shard_each() {
         "{err}"
     );
 }
+
+/// The layer above without the sum: its partitions exchange nothing.
+const SPMD_LOCAL_LAYER: &str = r#"module @spmd attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<8x3xf32> {mhlo.sharding = "{devices=[4,1]0,1,2,3}"}, %w: tensor<3x2xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<8x2xf32> {mhlo.sharding = "{devices=[4,1]0,1,2,3}"}) {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x3xf32>, tensor<3x2xf32>) -> tensor<8x2xf32>
+    %1 = stablehlo.tanh %0 : tensor<8x2xf32>
+    return %1 : tensor<8x2xf32>
+  }
+}"#;
+
+#[test]
+fn partitions_that_exchange_nothing_run_each_on_its_device_run_after_run() {
+    let c = client();
+    let devices: Vec<i64> = (0..4).map(|d| c.device_id(d).unwrap()).collect();
+    let local = Arc::new(
+        c.compile_with_options(
+            SPMD_LOCAL_LAYER.as_bytes(),
+            &CompileOptions::partitioned(devices.clone()),
+        )
+        .unwrap(),
+    );
+    assert!(!local.partitions_communicate());
+    let summing = c
+        .compile_with_options(
+            SPMD_LAYER.as_bytes(),
+            &CompileOptions::partitioned(devices[..2].to_vec()),
+        )
+        .unwrap();
+    assert!(summing.partitions_communicate(), "an all-reduce");
+    let w: Vec<f32> = vec![0.5, -0.5, 0.25, 1.0, -1.0, 0.1];
+    let weights: Vec<Arc<Buffer>> = (0..4)
+        .map(|d| {
+            Arc::new(
+                c.buffer_from_host_on(&le(&w), DType::F32, &[3, 2], d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // Several runs, new rows each time: each device's reused input buffers are refilled.
+    for run in 0..3 {
+        let x: Vec<f32> = (0..24).map(|i| (i + run * 24) as f32 / 50.0).collect();
+        let lists = (0..4)
+            .map(|d| {
+                vec![
+                    Argument::Host(t(DType::F32, &[2, 3], le(&x[d * 6..(d + 1) * 6]))),
+                    Argument::Device(weights[d].clone()),
+                ]
+            })
+            .collect();
+        let out = Run::partitioned(local.clone(), lists)
+            .unwrap()
+            .execute()
+            .unwrap();
+        assert_eq!(
+            out.iter().map(|b| b.reported_device()).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        let got: Vec<f32> = out.iter().flat_map(buffer_f32s).collect();
+        for (i, g) in got.iter().enumerate() {
+            let (r, col) = (i / 2, i % 2);
+            let e = (0..3)
+                .map(|k| x[r * 3 + k] * w[k * 2 + col])
+                .sum::<f32>()
+                .tanh();
+            assert!((g - e).abs() < 1e-5, "run {run}: {got:?}");
+        }
+    }
+}

@@ -311,6 +311,25 @@ defmodule XlaNode.ShardJitTest do
     end
   end
 
+  test "shardings are checked at every call, and two spellings of one sharding agree" do
+    mesh = %Mesh{name: "mesh", shape: {2}}
+    args = [[Nx.iota({2, 3}, names: [:rows, :cols])], [Nx.iota({2, 3}, names: [:rows, :cols])]]
+    by_index = shard_jit(&Nx.multiply(&1, 2), mesh, input_shardings: [%{0 => [0]}])
+    by_name = shard_jit(&Nx.multiply(&1, 2), mesh, input_shardings: [%{rows: [0]}])
+    expected = [[[0, 2, 4], [6, 8, 10]], [[0, 2, 4], [6, 8, 10]]]
+    assert Enum.map(by_index.(args), &Nx.to_list/1) == expected
+    assert Enum.map(by_name.(args), &Nx.to_list/1) == expected
+
+    # A sharding that cannot be is refused each time, never kept.
+    wrong = shard_jit(&Nx.multiply(&1, 2), mesh, input_shardings: [%{0 => [1]}])
+
+    for _ <- 1..2 do
+      assert_raise ArgumentError, ~r/names mesh axis 1, but the mesh has 1 axes/, fn ->
+        wrong.(args)
+      end
+    end
+  end
+
   describe "errors say what is wrong" do
     @mesh %Mesh{name: "mesh", shape: {2, 2}}
 

@@ -15,6 +15,12 @@
 //! polling for callback replies also claim their places from: a CPU already kept awake needs no
 //! second spinner, and on a 2-CPU machine two of them leave the callback server's node too little
 //! CPU (callbacks get slower; see docs/performance.md).
+//!
+//! While XLA computes a program on its own threads, the CPUs are awake anyway and a spinner only
+//! takes time from the computation (its threads, which spin for work themselves, fall asleep
+//! and must be woken): whoever waits for such a program holds the busy wait ([`BusyWait::hold`]),
+//! and the thread sleeps until the last hold is released, then spins again if traffic came
+//! meanwhile.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,6 +31,8 @@ use std::time::{Duration, Instant};
 pub struct BusyWait {
     running: Option<(Arc<Shared>, JoinHandle<()>)>,
     busy_threads: Arc<AtomicUsize>,
+    /// Holds taken ([`BusyWait::hold`]), counted with or without a thread.
+    holds: Arc<AtomicUsize>,
 }
 
 struct Shared {
@@ -36,11 +44,44 @@ struct Shared {
     asleep: AtomicBool,
     stop: AtomicBool,
     busy_threads: Arc<AtomicUsize>,
+    /// Holds taken ([`BusyWait::hold`]): while any is, the thread does not spin.
+    holds: Arc<AtomicUsize>,
 }
 
 impl Shared {
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Whether the thread should spin now: traffic within the window, and no hold.
+    fn should_spin(&self) -> bool {
+        self.holds.load(Ordering::SeqCst) == 0
+            && self.now() < self.busy_until.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the thread if it sleeps (whoever clears `asleep` wakes it).
+    fn wake(&self, thread: &std::thread::Thread) {
+        if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
+            thread.unpark();
+        }
+    }
+}
+
+/// A hold on the busy wait ([`BusyWait::hold`]); dropping it releases the hold.
+pub struct BusyHold {
+    holds: Arc<AtomicUsize>,
+    thread: Option<(Arc<Shared>, std::thread::Thread)>,
+}
+
+impl Drop for BusyHold {
+    fn drop(&mut self) {
+        let last = self.holds.fetch_sub(1, Ordering::SeqCst) == 1;
+        // The last hold gone, the thread spins again if traffic came within the window.
+        if let Some((shared, thread)) = &self.thread {
+            if last && shared.should_spin() {
+                shared.wake(thread);
+            }
+        }
     }
 }
 
@@ -48,10 +89,12 @@ impl BusyWait {
     /// Starts the thread, asleep until the first [`BusyWait::arm`]; nothing for a zero window.
     pub fn start(window: Duration) -> std::io::Result<BusyWait> {
         let busy_threads = Arc::new(AtomicUsize::new(0));
+        let holds = Arc::new(AtomicUsize::new(0));
         if window.is_zero() {
             return Ok(BusyWait {
                 running: None,
                 busy_threads,
+                holds,
             });
         }
         let shared = Arc::new(Shared {
@@ -61,6 +104,7 @@ impl BusyWait {
             asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             busy_threads: busy_threads.clone(),
+            holds: holds.clone(),
         });
         let thread = std::thread::Builder::new()
             .name("xla_node-busy-wait".into())
@@ -71,6 +115,7 @@ impl BusyWait {
         Ok(BusyWait {
             running: Some((shared, thread)),
             busy_threads,
+            holds,
         })
     }
 
@@ -95,17 +140,36 @@ impl BusyWait {
         };
         let until = shared.now() + shared.window.as_nanos() as u64;
         shared.busy_until.store(until, Ordering::SeqCst);
-        // Load first: while the thread is busy (the common case), arming needs no atomic swap.
-        if shared.asleep.load(Ordering::SeqCst) && shared.asleep.swap(false, Ordering::SeqCst) {
-            thread.thread().unpark();
+        // While held, the thread sleeps on: releasing the last hold wakes it. Load first: while
+        // the thread is busy (the common case), arming needs no atomic swap.
+        if shared.holds.load(Ordering::SeqCst) == 0 {
+            shared.wake(thread.thread());
         }
+    }
+
+    /// Keeps the thread from spinning until the returned hold is dropped (holds nest): for
+    /// whoever waits while XLA's threads compute, which keep the CPUs awake themselves. Holds
+    /// are counted without a thread too ([`BusyWait::is_held`]).
+    pub fn hold(&self) -> BusyHold {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        BusyHold {
+            holds: self.holds.clone(),
+            thread: self
+                .running
+                .as_ref()
+                .map(|(shared, thread)| (shared.clone(), thread.thread().clone())),
+        }
+    }
+
+    /// Whether a hold is taken now: XLA computes for someone, and nothing else need spin.
+    pub fn is_held(&self) -> bool {
+        self.holds.load(Ordering::SeqCst) > 0
     }
 
     /// Whether the thread is keeping a CPU busy now (false without a thread).
     pub fn is_busy(&self) -> bool {
         self.running.as_ref().is_some_and(|(shared, _)| {
-            !shared.asleep.load(Ordering::SeqCst)
-                && shared.now() < shared.busy_until.load(Ordering::SeqCst)
+            !shared.asleep.load(Ordering::SeqCst) && shared.should_spin()
         })
     }
 }
@@ -113,7 +177,7 @@ impl BusyWait {
 fn busy_loop(shared: &Shared) {
     let mut counted = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        if shared.now() < shared.busy_until.load(Ordering::Relaxed) {
+        if shared.should_spin() {
             if !counted {
                 shared.busy_threads.fetch_add(1, Ordering::Relaxed);
                 counted = true;
@@ -125,12 +189,11 @@ fn busy_loop(shared: &Shared) {
             shared.busy_threads.fetch_sub(1, Ordering::Relaxed);
             counted = false;
         }
-        // Announce the sleep, then look at the deadline once more: an `arm` in between either
-        // sees `asleep` (and unparks) or moved the deadline before this check.
+        // Announce the sleep, then look at the deadline and the holds once more: an `arm` or the
+        // release of the last hold in between either sees `asleep` (and unparks) or changed
+        // them before this check.
         shared.asleep.store(true, Ordering::SeqCst);
-        if shared.now() >= shared.busy_until.load(Ordering::SeqCst)
-            && !shared.stop.load(Ordering::SeqCst)
-        {
+        if !shared.should_spin() && !shared.stop.load(Ordering::SeqCst) {
             std::thread::park();
         }
         shared.asleep.store(false, Ordering::SeqCst);
@@ -174,10 +237,40 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_stops_the_spinning_until_released() {
+        let busy = BusyWait::start(Duration::from_secs(3600)).unwrap();
+        busy.arm();
+        assert!(eventually(
+            || busy.busy_threads().load(Ordering::Relaxed) == 1
+        ));
+        let first = busy.hold();
+        let second = busy.hold();
+        assert!(busy.is_held());
+        assert!(eventually(
+            || busy.busy_threads().load(Ordering::Relaxed) == 0
+        ));
+        // Traffic while held does not wake it.
+        busy.arm();
+        assert!(!busy.is_busy());
+        drop(first);
+        assert!(!busy.is_busy(), "spinning while still held");
+        drop(second);
+        assert!(!busy.is_held());
+        // The window is still open: it spins again.
+        assert!(eventually(
+            || busy.busy_threads().load(Ordering::Relaxed) == 1
+        ));
+    }
+
+    #[test]
     fn a_zero_window_starts_no_thread() {
         let busy = BusyWait::start(Duration::ZERO).unwrap();
         busy.arm();
         assert!(!busy.is_busy());
+        let hold = busy.hold();
+        assert!(busy.is_held(), "holds are counted without a thread");
+        drop(hold);
+        assert!(!busy.is_held());
         assert!(busy.running.is_none());
     }
 

@@ -334,6 +334,17 @@ impl Node {
         self.inner.busy_wait.arm();
     }
 
+    /// Keeps the busy-waiting thread from spinning until the hold is dropped: while XLA's
+    /// threads compute a program (see [`busy_wait`]).
+    pub fn hold_busy_wait(&self) -> busy_wait::BusyHold {
+        self.inner.busy_wait.hold()
+    }
+
+    /// Whether someone holds the busy wait now ([`Node::hold_busy_wait`]).
+    pub fn busy_wait_held(&self) -> bool {
+        self.inner.busy_wait.is_held()
+    }
+
     /// How long a CPU is kept busy after each message (`--busy-wait-us`; zero: never).
     pub fn busy_window(&self) -> Duration {
         self.inner.busy_wait.window()

@@ -27,8 +27,9 @@ use std::io;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
 
 /// Binaries at least this large get a vector of their own instead of being copied out of the
-/// reassembled message by the term decoder.
-pub const BIG_BINARY: usize = 256 * 1024;
+/// reassembled message by the term decoder: a run's tensors of tens of KiB (a batch's shard) are
+/// read once, not copied out of the reassembled bytes, for one allocation each.
+pub const BIG_BINARY: usize = 16 * 1024;
 
 /// Most memory reserved up front from lengths the peer announces (a fragment count, a binary's
 /// length); larger buffers grow past it as their bytes really arrive.
@@ -699,12 +700,14 @@ mod tests {
 
     #[tokio::test]
     async fn large_binaries_are_read_into_the_vectors_that_become_the_binaries() {
-        // {:run, exe, [t1, t2]}, two tensors of at least BIG_BINARY bytes, in 64 KiB fragments as
-        // OTP sends them, then with cuts inside and right after each binary's header.
+        // {:run, exe, [t1, t2]}, two tensors of at least BIG_BINARY bytes (and together more than
+        // a fragment), in 64 KiB fragments as OTP sends them, then with cuts inside and right
+        // after each binary's header.
+        let size = BIG_BINARY.max(64 << 10);
         let payload = tuple(vec![
             atom("run"),
             big(24, 1),
-            list(vec![tensor(BIG_BINARY + 1000, 2), tensor(BIG_BINARY, 3)]),
+            list(vec![tensor(size + 1000, 2), tensor(size, 3)]),
         ]);
         let data = data_of(&reg_send(atom("")), &payload);
         let spots = interesting(&data);

@@ -55,17 +55,19 @@
 //! Files: this one (admission, the hand-over, [`Place`]), `fair` (which queued run a freed place
 //! goes to), `tenants` (client nodes: the operator's rules and what is counted per node), `gate`
 //! (the last wait before `Execute`), `callback_activity` (whether idle executor threads may poll
-//! for their next job).
+//! for their next job), `run_probe` (where a run's time goes, with `XLA_NODE_RUN_TRACE=1`).
 
 mod callback_activity;
 mod fair;
 mod gate;
+pub mod run_probe;
 pub mod tenants;
 
 pub use callback_activity::CallbackActivity;
 pub use fair::Lane;
 pub use gate::{CallingBackRun, Gate, QueueableRun};
 
+use crate::node::Node;
 use crate::xla::{Buffer, Executor, Run, XlaError};
 use fair::FairQueue;
 use std::sync::atomic::Ordering;
@@ -214,24 +216,29 @@ pub struct Scheduler {
     gate: Arc<Gate>,
     calling_back: Arc<CallbackActivity>,
     tenants: Tenants,
+    /// Whose busy wait a run holds while XLA's threads compute its program.
+    node: Node,
 }
 
 impl Scheduler {
-    /// A scheduler whose queue timers run on `runtime`, which records in `calling_back` when
-    /// runs that call back execute, and gives client nodes what `tenants`' rules say.
+    /// A scheduler whose queue timers run on `node`'s runtime, which records in `calling_back`
+    /// when runs that call back execute, gives client nodes what `tenants`' rules say, and holds
+    /// `node`'s busy wait while XLA's threads compute a run's program
+    /// ([`Node::hold_busy_wait`]).
     pub fn new(
         executor: Executor,
-        runtime: tokio::runtime::Handle,
+        node: Node,
         calling_back: Arc<CallbackActivity>,
         tenants: Tenants,
     ) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             executor,
-            runtime,
+            runtime: node.runtime().clone(),
             state: Mutex::default(),
             gate: Arc::default(),
             calling_back,
             tenants,
+            node,
         })
     }
 
@@ -395,15 +402,17 @@ impl Place {
         if self.lane == Lane::CallingBack {
             Passage::CallingBack(gate.run_calling_back())
         } else {
-            Passage::WithoutCallbacks(gate.run_without_callbacks())
+            Passage::WithoutCallbacks(gate.run_without_callbacks(), &self.scheduler.node)
         }
     }
 }
 
 /// A run past the gate, about to execute.
 pub enum Passage<'a> {
-    /// A run without callbacks: its window at the gate lasts until it is executed.
-    WithoutCallbacks(QueueableRun<'a>),
+    /// A run without callbacks: its window at the gate lasts until it is executed. While XLA's
+    /// threads compute it, it holds the node's busy wait: they keep the CPUs awake, and a
+    /// spinning thread would only take time from them.
+    WithoutCallbacks(QueueableRun<'a>, &'a Node),
     /// A run that calls back: the dispatcher reports its first custom call on the run's own
     /// thread to it.
     CallingBack(Arc<CallingBackRun>),
@@ -414,7 +423,7 @@ impl Passage<'_> {
     pub fn calling_back(&self) -> Option<Arc<CallingBackRun>> {
         match self {
             Passage::CallingBack(run) => Some(run.clone()),
-            Passage::WithoutCallbacks(_) => None,
+            Passage::WithoutCallbacks(..) => None,
         }
     }
 
@@ -429,13 +438,25 @@ impl Passage<'_> {
         match self {
             Passage::CallingBack(gated) => {
                 let outputs = run.execute_observed(&mut |completed| {
+                    run_probe::mark(run_probe::Step::Launched);
                     gated.launched(completed);
                     launched(completed);
                 });
                 gated.finished();
+                run_probe::mark(run_probe::Step::Completed);
                 outputs
             }
-            Passage::WithoutCallbacks(_window) => run.execute_observed(launched),
+            Passage::WithoutCallbacks(_window, node) => {
+                let mut held = early_hold(run, node);
+                let outputs = run.execute_observed(&mut |completed| {
+                    run_probe::mark(run_probe::Step::Launched);
+                    held = (!completed).then(|| node.hold_busy_wait());
+                    launched(completed);
+                });
+                drop(held);
+                run_probe::mark(run_probe::Step::Completed);
+                outputs
+            }
         }
     }
 
@@ -451,13 +472,34 @@ impl Passage<'_> {
         hand_over: &mut dyn FnMut(Vec<Buffer>),
     ) -> Result<(), XlaError> {
         match self {
-            Passage::WithoutCallbacks(_window) => run.execute_handing_over(launched, hand_over),
+            Passage::WithoutCallbacks(_window, node) => {
+                let mut held = early_hold(run, node);
+                let completed = run.execute_handing_over(
+                    &mut |completed| {
+                        run_probe::mark(run_probe::Step::Launched);
+                        held = (!completed).then(|| node.hold_busy_wait());
+                        launched(completed);
+                    },
+                    hand_over,
+                );
+                drop(held);
+                run_probe::mark(run_probe::Step::Completed);
+                completed
+            }
             calling_back => {
                 hand_over(calling_back.execute(run, launched)?);
                 Ok(())
             }
         }
     }
+}
+
+/// A run over several devices holds the busy wait from before its launch: each partition it
+/// launches wakes XLA's threads, and a spinner competes with the first partitions while the
+/// last are launched. A single-device run takes it only once XLA has queued it: a program XLA
+/// executes within `Execute` would pay for a wake-up of the spinner afterwards.
+fn early_hold(run: &Run, node: &Node) -> Option<crate::node::busy_wait::BusyHold> {
+    (run.device_count() > 1).then(|| node.hold_busy_wait())
 }
 
 impl Drop for Place {

@@ -9,6 +9,7 @@ use crate::dispatch::Outcome;
 use crate::metrics::Snapshot;
 use crate::node::term::{atom, binary, boolean, int, list, map};
 use crate::node::{probe, traffic};
+use crate::schedule::run_probe;
 use crate::xla::{loaded_kernels, DeviceMemory, LoadedKernel};
 use eetf::{Float, Term};
 use std::sync::atomic::Ordering::Relaxed;
@@ -24,7 +25,7 @@ pub fn info(state: &State) -> Term {
     let (major, minor) = client.api().version();
     let peers = node.connected_nodes().iter().map(|n| atom(n)).collect();
     let devices = client.devices().iter().map(|d| text(d.name())).collect();
-    map(vec![
+    let mut entries = vec![
         ("node", atom(node.name())),
         ("version", text(env!("CARGO_PKG_VERSION"))),
         ("uptime_ms", int(node.uptime().as_millis() as i64)),
@@ -77,7 +78,14 @@ pub fn info(state: &State) -> Term {
             "kernels",
             list(loaded_kernels().iter().map(kernel).collect()),
         ),
-    ])
+    ];
+    // With XLA_NODE_RUN_TRACE=1: the median microseconds from the server's receipt of a run to
+    // each of its steps (see `schedule::run_probe`).
+    if let Some((samples, medians)) = run_probe::medians() {
+        let names = run_probe::MEASURED.iter().map(|(_, name)| *name);
+        entries.push(("run_trace", trace(samples, names.zip(medians))));
+    }
+    map(entries)
 }
 
 /// One device: its id and kind, the runs it executed and is executing, and its memory where
@@ -115,14 +123,8 @@ fn callbacks(state: &State) -> Term {
     // With XLA_NODE_CALLBACK_TRACE=1: the median microseconds from a custom call's start to
     // each step of its callback (see `node::probe`).
     if let Some((samples, medians)) = probe::medians() {
-        let mut trace = vec![("samples", int(samples as i64))];
-        trace.extend(
-            probe::MEASURED
-                .iter()
-                .zip(medians)
-                .map(|((_, name), us)| (*name, Term::from(Float { value: us }))),
-        );
-        entries.push(("trace", map(trace)));
+        let names = probe::MEASURED.iter().map(|(_, name)| *name);
+        entries.push(("trace", trace(samples, names.zip(medians))));
     }
     map(entries)
 }
@@ -135,6 +137,13 @@ fn summary(snapshot: Snapshot) -> Term {
         ("p50", Term::from(Float { value: us(0.5) })),
         ("p99", Term::from(Float { value: us(0.99) })),
     ])
+}
+
+/// A probe's medians: how many samples, and each step's median microseconds by its name.
+fn trace<'a>(samples: usize, steps: impl Iterator<Item = (&'a str, f64)>) -> Term {
+    let mut trace = vec![("samples", int(samples as i64))];
+    trace.extend(steps.map(|(name, us)| (name, Term::from(Float { value: us }))));
+    map(trace)
 }
 
 /// The p50 and p99, in microseconds, of the durations `/metrics` shows as histograms, with how

@@ -120,15 +120,17 @@ pub fn start(node: &Node, config: ServerConfig) -> anyhow::Result<ServerHandle> 
     let calling_back = Arc::new(CallbackActivity::default());
     let idle_polling = IdlePolling {
         window: node.busy_window(),
+        // Not while XLA's threads compute a run's program either: they keep the CPUs awake,
+        // and a polling thread only takes time from them.
         allowed: {
-            let calling_back = calling_back.clone();
-            Arc::new(move || calling_back.quiet())
+            let (calling_back, node) = (calling_back.clone(), node.clone());
+            Arc::new(move || calling_back.quiet() && !node.busy_wait_held())
         },
     };
     let executor = Executor::with_idle_polling(client, config.max_executables, idle_polling);
     let scheduler = Scheduler::new(
         executor.clone(),
-        node.runtime().clone(),
+        node.clone(),
         calling_back,
         Tenants::new(config.tenants),
     );

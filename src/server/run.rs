@@ -34,6 +34,7 @@ use crate::dispatch::RunHandle;
 use crate::node::gen::Caller;
 use crate::node::term::{as_atom, as_i64, as_list, list};
 use crate::node::Dest;
+use crate::schedule::run_probe::{self, RunMarks, Step};
 use crate::schedule::tenants::Priority;
 use crate::schedule::{Place, RunJob, RunTicket, TimedOut};
 use crate::tensor_term::{host_tensor_term, parse_tensor};
@@ -165,6 +166,7 @@ impl RunRequest {
     /// scheduler.
     pub fn apply(self, state: &Arc<State>, from: Caller) {
         let received = Instant::now();
+        let mut marks = RunMarks::received();
         let RunRequest {
             exe,
             args,
@@ -203,9 +205,11 @@ impl RunRequest {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |text| state.reply_error(&from, &RequestError::Timeout(text)))
         };
+        marks.mark(Step::Checked);
         let job: RunJob = {
             let (state, from) = (state.clone(), from.clone());
             Box::new(move |place| {
+                run_probe::started(marks);
                 let started = state.runs().started(received);
                 tenant
                     .queue_wait
@@ -232,6 +236,7 @@ impl RunRequest {
                     &from,
                     early,
                     &mut |results| {
+                        run_probe::mark(Step::Converted);
                         state.runs().executed(started);
                         // Its results are the caller's buffers now (registered), or gone (read
                         // back): their bytes are given back before the caller hears, whose next
@@ -242,12 +247,14 @@ impl RunRequest {
                             _ => drop(reserved.take()),
                         }
                         reply(&state, &from, results.map_err(Into::into));
+                        run_probe::mark(Step::Replied);
                     },
                 );
                 drop(reserved);
                 if let Some(inline) = inline {
                     program.executed(inline);
                 }
+                run_probe::finished();
             })
         };
         // A refusal is no run: counted among the node's overloaded runs, not its run errors.
@@ -347,6 +354,7 @@ fn execute(
         .map(|&device| state.device_runs().start(device))
         .collect();
     let passage = place.enter_xla();
+    run_probe::mark(Step::Entered);
     let callbacks = handle.map(|handle| {
         state.open_callbacks(
             handle,

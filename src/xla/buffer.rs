@@ -92,6 +92,10 @@ impl Client {
 
     /// [`Client::buffer_from_host`] onto `device`, an index into the client's addressable
     /// devices.
+    ///
+    /// On the CPU platform the copy is made within the call, on this thread: XLA would hand a
+    /// large one (over 100 KiB) to one of its threads and this one would sleep until it is
+    /// done, two thread wake-ups for the same copy.
     pub fn buffer_from_host_on(
         &self,
         data: &[u8],
@@ -99,18 +103,23 @@ impl Client {
         dims: &[i64],
         device: usize,
     ) -> Result<Buffer, XlaError> {
-        self.upload(data, dtype, dims, device)?.finish()
+        let within_call = self.inner().is_cpu;
+        self.upload(data, dtype, dims, device, within_call)?
+            .finish()
     }
 
     /// Starts copying a host array (as [`Client::buffer_from_host_on`]) and returns at once: the
     /// buffer exists and a run may take it (XLA orders the run after the copy), while XLA may
     /// still read `data`, which stays borrowed until the upload is finished or dropped.
+    /// `within_call`: XLA copies `data` before this returns, on this thread (then finishing
+    /// waits for nothing), rather than when it sees fit.
     pub(crate) fn upload<'a>(
         &self,
         data: &'a [u8],
         dtype: DType,
         dims: &[i64],
         device: usize,
+        within_call: bool,
     ) -> Result<PendingUpload<'a>, XlaError> {
         let device_handle = self.addressable_device(device)?;
         if let Some((i, d)) = dims.iter().enumerate().find(|(_, d)| **d < 0) {
@@ -142,7 +151,11 @@ impl Client {
         a.type_ = dtype.to_pjrt();
         a.dims = spec.dims.as_ptr();
         a.num_dims = spec.dims.len();
-        a.host_buffer_semantics = PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+        a.host_buffer_semantics = if within_call {
+            PJRT_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL
+        } else {
+            PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES
+        };
         a.device = device_handle;
         // SAFETY: matching args; `data` holds exactly the bytes described by
         // dtype/dims (checked above, one byte per element for 2- and 4-bit

@@ -28,6 +28,7 @@ use super::client::{slice_or_empty, str_from, Client, Failure};
 use super::dtype::{DType, TensorSpec};
 use super::error::XlaError;
 use super::known_faults;
+use super::partitions;
 use super::proto::sub_message;
 use super::signature;
 use super::sys::*;
@@ -140,6 +141,9 @@ pub struct Executable {
     /// An SPMD program's devices, one per partition (indices into the client's addressable
     /// devices); empty for a portable single-device program.
     partition_devices: Vec<usize>,
+    /// An SPMD program whose partitions exchange nothing: each is launched on its own device
+    /// from the calling thread rather than all at once by XLA (see `partitions`).
+    launch_each: bool,
     /// Whether each output's memory is the dense row-major array itself (its
     /// layout is fixed at compile time), learned from the first run on CPU.
     outputs_direct: OnceLock<Vec<bool>>,
@@ -164,6 +168,16 @@ struct Launched {
 
 /// Host arguments of at most this many bytes in all go through reused input buffers.
 const STAGING_MAX_BYTES: usize = 64 * 1024;
+
+/// The bytes of a run's host arguments.
+fn host_bytes(args: &[Argument]) -> usize {
+    args.iter()
+        .map(|arg| match arg {
+            Argument::Host(t) => t.data.len(),
+            Argument::Device(_) => 0,
+        })
+        .sum()
+}
 
 /// Takes a run's results once `Execute` has returned, before they are computed (see
 /// [`Run::execute_handing_over`](super::Run::execute_handing_over)).
@@ -264,6 +278,7 @@ impl Client {
                 .iter()
                 .map(|&id| self.addressable_index_of(id))
                 .collect::<Result<_, _>>()?,
+            launch_each: false,
             outputs_direct: OnceLock::new(),
             staging: Mutex::new(Vec::new()),
         };
@@ -294,6 +309,11 @@ impl Client {
                 })?,
         };
         exe.non_donatable = (0..exe.parameters.len() as i64).collect();
+        // An SPMD program's optimized module is always read (its parameters come from it).
+        exe.launch_each = !exe.partition_devices.is_empty()
+            && hlo
+                .as_deref()
+                .is_some_and(|hlo| !partitions::communicates(hlo));
         Ok(exe)
     }
 }
@@ -358,6 +378,13 @@ impl Executable {
     /// devices); empty for a single-device program, which runs on any device.
     pub fn partition_devices(&self) -> &[usize] {
         &self.partition_devices
+    }
+
+    /// Whether an SPMD program's partitions exchange data (a collective, a send or receive), so
+    /// that XLA launches them all at once; partitions that do not are each launched on their own
+    /// device (see `partitions`). False for a single-device program.
+    pub fn partitions_communicate(&self) -> bool {
+        !self.partition_devices.is_empty() && !self.launch_each
     }
 
     /// Result types, in order: what a run leaves on the device.
@@ -517,29 +544,16 @@ impl Executable {
         if let Some(err) = first_err {
             return Err(err);
         }
-        let is_cpu = self.client.inner().is_cpu;
-        for b in &outputs {
-            // The CPU client defines every output by the execution's completion
-            // event, awaited above; elsewhere each output has its own.
-            if !is_cpu {
-                b.await_ready()?;
-            }
-            b.mark_ready();
-        }
-        if is_cpu {
-            // Known from here on; set once (by the first run to get here).
-            self.outputs_direct
-                .get_or_init(|| outputs.iter().map(Buffer::is_direct).collect());
-        }
+        self.outputs_ready(&outputs)?;
         Ok(outputs)
     }
 
     /// The one `PJRT_LoadedExecutable_Execute` call: one argument list per device of `devices`
-    /// (a portable program's one device, named as `execute_device`, or an SPMD program's
-    /// partitions in order), each borrowed for the call. Returns each list's outputs in turn,
-    /// taken into [`Buffer`]s so that they are freed on any error, the first output XLA left
-    /// out, and one completion event per list, not yet awaited. `launched` as in
-    /// [`Executable::execute`].
+    /// (one device, named as `execute_device`: a portable program's, or one partition's of an
+    /// SPMD program; or every partition of an SPMD program, in order), each borrowed for the
+    /// call. Returns each list's outputs in turn, taken into [`Buffer`]s so that they are freed
+    /// on any error, the first output XLA left out, and one completion event per list, not yet
+    /// awaited. `launched` as in [`Executable::execute`].
     fn launch(
         &self,
         lists: &[&[&Buffer]],
@@ -573,8 +587,9 @@ impl Executable {
         e.num_args = lists.first().map_or(0, |list| list.len());
         e.output_lists = out_lists.as_ptr();
         e.device_complete_events = complete.as_mut_ptr();
-        if self.partition_devices.is_empty() {
-            // A program compiled portable (see `CompileOptions`): each run names its device.
+        if n == 1 {
+            // One list: the run names its device, a portable program's (see `CompileOptions`)
+            // or one partition's of an SPMD program launched partition by partition.
             e.execute_device = self.client.addressable_device(devices[0])?;
         }
         // SAFETY: matching args; one argument list per device, each checked against the
@@ -612,30 +627,68 @@ impl Executable {
 
     /// Runs an SPMD program with one argument list per partition, each on its partition's
     /// device, all checked by [`Run::partitioned`](super::Run::partitioned); returns each
-    /// partition's results in turn (partition 0's, then partition 1's, ...).
+    /// partition's results in turn (partition 0's, then partition 1's, ...). On the CPU, small
+    /// host arguments go through each device's reused input buffers, as a single-device run's
+    /// do ([`Executable::run_checked`]).
     pub(super) fn run_partitioned(
         &self,
         lists: &[Vec<Argument>],
         launched: &mut dyn FnMut(bool),
     ) -> Result<Vec<Buffer>, XlaError> {
-        let uploaded = lists
+        let devices = &self.partition_devices;
+        let staged = self.client.inner().is_cpu
+            && lists
+                .iter()
+                .all(|args| host_bytes(args) <= STAGING_MAX_BYTES);
+        if !staged {
+            let uploaded = lists
+                .iter()
+                .zip(devices)
+                .map(|(args, &device)| {
+                    args.iter()
+                        .map(|arg| match arg {
+                            Argument::Host(t) => self
+                                .client
+                                .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)
+                                .map(Some),
+                            Argument::Device(_) => Ok(None),
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return self.execute_partitions(lists, &uploaded, launched);
+        }
+        let mut sets: Vec<StagingSet> = lists
             .iter()
-            .zip(&self.partition_devices)
-            .map(|(args, &device)| {
-                args.iter()
-                    .map(|arg| match arg {
-                        Argument::Host(t) => self
-                            .client
-                            .buffer_from_host_on(&t.data, t.dtype, &t.dims, device)
-                            .map(Some),
-                        Argument::Device(_) => Ok(None),
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+            .zip(devices)
+            .map(|(args, &device)| self.take_staging(device, args.len()))
+            .collect();
+        let filled = sets
+            .iter_mut()
+            .zip(lists)
+            .zip(devices)
+            .try_for_each(|((set, args), &device)| self.stage(set, args, device));
+        let result = filled.and_then(|()| self.execute_partitions(lists, &sets, launched));
+        for (set, &device) in sets.into_iter().zip(devices) {
+            self.give_back_staging(device, set);
+        }
+        result
+    }
+
+    /// Launches an SPMD program's partitions with `lists`, host arguments taken from `host`
+    /// (same positions), waits for them all and returns their results in turn. Partitions that
+    /// exchange nothing are launched one by one on their devices (see `partitions`), others
+    /// all at once by XLA.
+    fn execute_partitions(
+        &self,
+        lists: &[Vec<Argument>],
+        host: &[StagingSet],
+        launched: &mut dyn FnMut(bool),
+    ) -> Result<Vec<Buffer>, XlaError> {
+        let devices = &self.partition_devices;
         let buffers: Vec<Vec<&Buffer>> = lists
             .iter()
-            .zip(&uploaded)
+            .zip(host)
             .map(|(args, host)| Self::argument_buffers(args, host))
             .collect();
         let buffers: Vec<&[&Buffer]> = buffers.iter().map(Vec::as_slice).collect();
@@ -644,7 +697,36 @@ impl Executable {
             outputs,
             missing,
             complete,
-        } = self.launch(&buffers, &self.partition_devices, launched)?;
+        } = if self.launch_each {
+            let mut all = Launched {
+                outputs: Vec::with_capacity(devices.len() * self.outputs.len()),
+                missing: None,
+                complete: Vec::with_capacity(devices.len()),
+            };
+            let mut completed = true;
+            for (list, &device) in buffers.iter().zip(devices) {
+                match self.launch(&[list], &[device], &mut |done| completed &= done) {
+                    Ok(one) => {
+                        all.outputs.extend(one.outputs);
+                        all.missing = all.missing.or(one.missing);
+                        all.complete.extend(one.complete);
+                    }
+                    Err(e) => {
+                        // The partitions launched still read their arguments: wait for them.
+                        drop(all.outputs);
+                        for event in all.complete {
+                            api.await_and_destroy(event).ok();
+                        }
+                        launched(true);
+                        return Err(e);
+                    }
+                }
+            }
+            launched(completed);
+            all
+        } else {
+            self.launch(&buffers, devices, launched)?
+        };
         let mut first_err = missing;
         for event in complete {
             if let Err(msg) = api.await_and_destroy(event) {
@@ -654,10 +736,33 @@ impl Executable {
         if let Some(err) = first_err {
             return Err(err);
         }
-        for b in &outputs {
-            b.await_ready()?;
-        }
+        self.outputs_ready(&outputs)?;
         Ok(outputs)
+    }
+
+    /// Marks a completed run's outputs ready: on the CPU the completion events defined them
+    /// (and the executable learns once whether each can be read directly); elsewhere each has
+    /// its own event, awaited here.
+    fn outputs_ready(&self, outputs: &[Buffer]) -> Result<(), XlaError> {
+        let is_cpu = self.client.inner().is_cpu;
+        for b in outputs {
+            if !is_cpu {
+                b.await_ready()?;
+            }
+            b.mark_ready();
+        }
+        if is_cpu {
+            // Known from here on; set once (by the first run to get here). Every device's
+            // outputs are laid out alike: the first list's tell.
+            self.outputs_direct.get_or_init(|| {
+                outputs
+                    .iter()
+                    .take(self.outputs.len())
+                    .map(Buffer::is_direct)
+                    .collect()
+            });
+        }
+        Ok(())
     }
 
     /// Runs the program with `args` on `device`, which [`Run::new`](super::Run::new) checked
@@ -669,25 +774,17 @@ impl Executable {
         launched: &mut dyn FnMut(bool),
         hand_over: Option<HandOver<'_>>,
     ) -> Result<Vec<Buffer>, XlaError> {
-        let host_bytes: usize = args
-            .iter()
-            .map(|arg| match arg {
-                Argument::Host(t) => t.data.len(),
-                Argument::Device(_) => 0,
-            })
-            .sum();
-        if self.client.inner().is_cpu && host_bytes <= STAGING_MAX_BYTES {
-            let taken = {
-                let mut pool = self.staging.lock().expect("staging lock");
-                let found = pool.iter().rposition(|(on, _)| *on == device);
-                found.map(|i| pool.swap_remove(i).1)
-            };
-            let mut set = taken.unwrap_or_else(|| args.iter().map(|_| None).collect());
-            let result = self.run_staged(&mut set, args, device, launched, hand_over);
-            let mut pool = self.staging.lock().expect("staging lock");
-            if pool.iter().filter(|(on, _)| *on == device).count() < STAGING_MAX_SETS {
-                pool.push((device, set));
-            }
+        if self.client.inner().is_cpu && host_bytes(args) <= STAGING_MAX_BYTES {
+            let mut set = self.take_staging(device, args.len());
+            let result = self.stage(&mut set, args, device).and_then(|()| {
+                self.execute(
+                    &Self::argument_buffers(args, &set),
+                    device,
+                    launched,
+                    hand_over,
+                )
+            });
+            self.give_back_staging(device, set);
             return result;
         }
         // Off the CPU, every host argument's copy is started, and none awaited, before
@@ -699,10 +796,11 @@ impl Executable {
             .iter()
             .map(|arg| match arg {
                 Argument::Host(t) => {
-                    let mut upload = self.client.upload(&t.data, t.dtype, &t.dims, device)?;
-                    if !defer {
-                        upload.wait()?;
-                    }
+                    // Not deferred, XLA makes the copy within the call: a large one would
+                    // otherwise go to one of its threads while this one sleeps.
+                    let upload = self
+                        .client
+                        .upload(&t.data, t.dtype, &t.dims, device, !defer)?;
                     Ok(Some(upload))
                 }
                 Argument::Device(_) => Ok(None),
@@ -731,17 +829,33 @@ impl Executable {
         Ok(outputs)
     }
 
-    /// [`Executable::run_checked`] with host arguments copied into `set`'s
-    /// buffers; a slot is filled by a fresh upload the first time, or when its
-    /// buffer cannot be written directly.
-    fn run_staged(
+    /// A set of reused input buffers for a run on `device` (see `staging`): one of the
+    /// executable's, or a new empty one of `slots` slots.
+    fn take_staging(&self, device: usize, slots: usize) -> StagingSet {
+        let mut pool = self.staging.lock().expect("staging lock");
+        let found = pool.iter().rposition(|(on, _)| *on == device);
+        found
+            .map(|i| pool.swap_remove(i).1)
+            .unwrap_or_else(|| (0..slots).map(|_| None).collect())
+    }
+
+    /// Keeps a set taken with [`Executable::take_staging`] for later runs, up to
+    /// `STAGING_MAX_SETS` per device; the run that used it has completed.
+    fn give_back_staging(&self, device: usize, set: StagingSet) {
+        let mut pool = self.staging.lock().expect("staging lock");
+        if pool.iter().filter(|(on, _)| *on == device).count() < STAGING_MAX_SETS {
+            pool.push((device, set));
+        }
+    }
+
+    /// Copies `args`' host arrays into `set`'s buffers on `device`; a slot is filled by a
+    /// fresh upload the first time, or when its buffer cannot be written directly.
+    fn stage(
         &self,
         set: &mut [Option<Buffer>],
         args: &[Argument],
         device: usize,
-        launched: &mut dyn FnMut(bool),
-        hand_over: Option<HandOver<'_>>,
-    ) -> Result<Vec<Buffer>, XlaError> {
+    ) -> Result<(), XlaError> {
         for (slot, arg) in set.iter_mut().zip(args) {
             if let Argument::Host(t) = arg {
                 let refilled = slot.as_mut().is_some_and(|b| b.overwrite(&t.data));
@@ -753,12 +867,7 @@ impl Executable {
                 }
             }
         }
-        self.execute(
-            &Self::argument_buffers(args, set),
-            device,
-            launched,
-            hand_over,
-        )
+        Ok(())
     }
 
     /// The buffers to execute with: device arguments as given, host arguments

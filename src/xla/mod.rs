@@ -9,7 +9,8 @@
 //! `executor` (a compile cache, `compile_cache`, and a worker pool, `pool`), `tensor`,
 //! `dtype`, `packing` (how 2- and 4-bit elements are laid out), `signature`, `proto` (the
 //! protobuf reader it uses),
-//! `known_faults` (programs refused because XLA's CPU backend mishandles them).
+//! `known_faults` (programs refused because XLA's CPU backend mishandles them), `partitions` (how
+//! an SPMD program's partitions are launched).
 //! The compiler enforces it: the crate denies `unsafe_code` and only the files
 //! with unsafe code allow it.
 
@@ -28,6 +29,7 @@ mod kernel;
 mod known_faults;
 mod options;
 pub mod packing;
+mod partitions;
 mod pool;
 mod proto;
 mod run;

@@ -219,6 +219,9 @@ defmodule XlaNode.Compiler.Program do
   program takes.
   """
   @spec take_used([term()], [non_neg_integer()]) :: [term()]
+  # `used` holds distinct positions: as many as the arguments, it names every one.
+  def take_used(arguments, used) when length(arguments) == length(used), do: arguments
+
   def take_used(arguments, used) do
     used_set = MapSet.new(used)
 

@@ -42,16 +42,17 @@ defmodule XlaNode.Compiler.Shard do
               "(#{partitions}), got #{length(args_list)}"
     end
 
-    shardings = shardings!(Keyword.get(opts, :input_shardings), vars, mesh_shape)
-    devices = Enum.to_list(first_device..(first_device + partitions - 1)//1)
+    # Kept under the shardings as given: they are checked, and each dimension's mesh axes
+    # worked out, when the program is compiled, not at every call.
+    input_shardings = Keyword.get(opts, :input_shardings)
 
     stored_key =
-      {{:shard, Program.function_key(key), mesh_shape, shardings, devices},
+      {{:shard, Program.function_key(key), mesh_shape, input_shardings, first_device},
        Program.arguments_key(vars), node}
 
     entry =
       Cache.get(stored_key) ||
-        compile!(stored_key, node, mesh, vars, fun, shardings, devices, key)
+        compile!(stored_key, node, mesh, vars, fun, input_shardings, first_device, key)
 
     run_compiled(entry, node, args_list, opts, key)
   end
@@ -200,7 +201,11 @@ defmodule XlaNode.Compiler.Shard do
 
   ## Compile
 
-  defp compile!(stored_key, node, mesh, vars, fun, shardings, devices, key) do
+  defp compile!(stored_key, node, mesh, vars, fun, input_shardings, first_device, key) do
+    mesh_shape = Tuple.to_list(mesh.shape)
+    shardings = shardings!(input_shardings, vars, mesh_shape)
+    partitions = Enum.reduce(mesh_shape, 1, &(&1 * &2))
+    devices = Enum.to_list(first_device..(first_device + partitions - 1)//1)
     {:ok, %{devices: node_devices}} = ok!(XlaNode.info(node))
     last = List.last(devices)
 
@@ -210,7 +215,6 @@ defmodule XlaNode.Compiler.Shard do
               "#{hd(devices)}), but #{inspect(node)} has #{length(node_devices)}"
     end
 
-    mesh_shape = Tuple.to_list(mesh.shape)
     whole_vars = whole(vars, shardings, mesh_shape)
     {output, outputs} = Program.outputs(whole_vars, fun)
 
