@@ -14,9 +14,9 @@
 # A command runs inside with `chroot`, in a private mount namespace (its mounts vanish with it,
 # however it ends) where the host's /dev, /proc, /sys, /tmp, /etc/hosts, the repository and the
 # data directory (PJRT plugin, JAX) are seen at their own paths; the network is the host's, so
-# the userland's epmd, nodes and the host's nodes meet on one loopback. `python3` inside runs the
-# host's Python (JAX, the suites' counterpart, is installed for it): the host's root is seen at
-# /mnt/host.
+# the userland's epmd, nodes and the host's nodes meet on one loopback. `python3`, `cargo` and
+# `g++` inside run the host's (JAX, the suites' counterpart, is installed for its Python; the
+# node is the host's build): the host's root is seen at /mnt/host.
 #
 # Needs root (chroot, mounts) and debootstrap (installed from apt when missing).
 #
@@ -298,19 +298,24 @@ enter_inside() {
             mkdir -p "$root$path"
             mount --bind "$path" "$root$path"
         done
-        # The host's python3, in the caller's directory and environment (written anew each time,
-        # through a file of this run's own, as another run may be entering too).
-        local wrapper="$root/usr/local/bin/python3.$$"
+        # The host's python3 (JAX, the suites' counterpart, is installed for it), and its cargo
+        # and g++ (`mix xla_node.setup` builds the node with them), each in the caller's
+        # directory and environment (written anew each time, through a file of this run's own,
+        # as another run may be entering too).
         mkdir -p "$root/usr/local/bin"
-        cat >"$wrapper" <<EOF
+        local tool wrapper
+        for tool in python3 cargo g++; do
+            wrapper="$root/usr/local/bin/$tool.$$"
+            cat >"$wrapper" <<EOF
 #!/bin/sh
-# Written by xla_node's scripts/userland.sh: the host's python3 (JAX, the suites' counterpart, is
-# installed for it), run in the same directory with the same environment.
+# Written by xla_node's scripts/userland.sh: the host's $tool, run in the same directory with the
+# same environment.
 PATH="\${XLA_NODE_HOST_PATH:-/usr/local/bin:/usr/bin:/bin}" exec /usr/sbin/chroot $host_root \\
-    /bin/sh -c 'cd "\$1" || exit 127; shift; exec python3 "\$@"' python3 "\$(pwd)" "\$@"
+    /bin/sh -c 'cd "\$1" || exit 127; shift; exec $tool "\$@"' $tool "\$(pwd)" "\$@"
 EOF
-        chmod 755 "$wrapper"
-        mv "$wrapper" "$root/usr/local/bin/python3"
+            chmod 755 "$wrapper"
+            mv "$wrapper" "$root/usr/local/bin/$tool"
+        done
     fi
     exec chroot "$root" /usr/bin/env \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -225,14 +225,28 @@ defmodule XlaNode.PoolDevicesTest do
         |> Enum.map(fn {:ok, result} -> result end)
       end)
 
-    Harness.eventually(
-      fn ->
-        status = Enum.find(Pool.status(pool).nodes, &(&1.node == victim.name))
-        status.runs >= 5 and status.in_flight >= 3
-      end,
-      120_000,
-      5
-    ) || flunk("the runs never got going: #{inspect(Pool.status(pool))}")
+    in_flight = fn -> Enum.find(Pool.status(pool).nodes, &(&1.node == victim.name)) end
+
+    Harness.eventually(fn -> in_flight.().runs >= 5 end, 120_000, 5) ||
+      flunk("the runs never got going: #{inspect(Pool.status(pool))}")
+
+    # The node is stopped (SIGSTOP) before it is killed, so that the runs the pool counts in
+    # flight there cannot complete in between (the replies it sent before are let arrive); it
+    # is let go again while it has none.
+    stopped_with_runs? = fn ->
+      Harness.signal(victim, "STOP")
+      Process.sleep(100)
+
+      if in_flight.().in_flight > 0 do
+        true
+      else
+        Harness.signal(victim, "CONT")
+        false
+      end
+    end
+
+    Harness.eventually(stopped_with_runs?, 120_000, 5) ||
+      flunk("no run in flight on #{victim.name}: #{inspect(Pool.status(pool))}")
 
     before = device_runs([survivor.name])
     Harness.stop_node(victim, "KILL")
