@@ -155,36 +155,57 @@ defmodule XlaNode.Launcher.Port do
   end
 
   # Until the node answers :ping, the command exits, the owner goes, or the deadline passes
-  # (checked each time round: a command that keeps writing must not hold the start up).
+  # (checked each time round: a command that keeps writing must not hold the start up). What
+  # the command wrote and its exit are taken before the node is asked again: a command that
+  # exited at once is an answer without a round of connection attempts (which a busy
+  # net_kernel makes slow).
   defp await_ready(state, deadline) do
+    case next_event(state, 0) do
+      {:continue, state} ->
+        await_ready(state, deadline)
+
+      {:done, result} ->
+        result
+
+      :none ->
+        cond do
+          serving?(state.node) ->
+            {:ok, state}
+
+          past?(deadline) ->
+            message = "did not answer :ping in time (start_timeout)#{last_lines(state)}"
+            {:error, launch_error(state, message, :timeout), state}
+
+          true ->
+            case next_event(state, wait_time(deadline)) do
+              {:continue, state} -> await_ready(state, deadline)
+              {:done, result} -> result
+              :none -> await_ready(state, deadline)
+            end
+        end
+    end
+  end
+
+  # The command's next line or exit, the owner's exit or a stop, within `timeout` ms.
+  defp next_event(state, timeout) do
     port = state.port
 
-    cond do
-      serving?(state.node) ->
-        {:ok, state}
+    receive do
+      {^port, {:data, data}} ->
+        {:continue, output(state, data)}
 
-      past?(deadline) ->
-        message = "did not answer :ping in time (start_timeout)#{last_lines(state)}"
-        {:error, launch_error(state, message, :timeout), state}
+      {^port, {:exit_status, status}} ->
+        state = flush_output(%{state | port: nil})
+        {:done, {:error, exited_error(state, status), state}}
 
-      true ->
-        receive do
-          {^port, {:data, data}} ->
-            await_ready(output(state, data), deadline)
+      {:DOWN, _, :process, owner, reason} when owner == state.owner ->
+        message = "its owner exited (#{inspect(reason)})"
+        {:done, {:error, launch_error(state, message, :owner_down), state}}
 
-          {^port, {:exit_status, status}} ->
-            state = flush_output(%{state | port: nil})
-            {:error, exited_error(state, status), state}
-
-          {:DOWN, _, :process, owner, reason} when owner == state.owner ->
-            message = "its owner exited (#{inspect(reason)})"
-            {:error, launch_error(state, message, :owner_down), state}
-
-          {:EXIT, from, reason} when from != port ->
-            {:error, launch_error(state, "stopped while starting", {:exit, reason}), state}
-        after
-          wait_time(deadline) -> await_ready(state, deadline)
-        end
+      {:EXIT, from, reason} when from != port ->
+        {:done, {:error, launch_error(state, "stopped while starting", {:exit, reason}), state}}
+    after
+      timeout -> :none
     end
   end
 
