@@ -31,8 +31,12 @@ defmodule XlaNode.RunTraceTest do
     node = Harness.start_node(env: [{"XLA_NODE_RUN_TRACE", "1"}])
     run(node, 40, [])
 
-    assert %{run_trace: trace} = info(node)
-    assert trace.samples == 40
+    # A run's sample is taken once its reply is written, after the caller may have it.
+    assert %{run_trace: trace} =
+             Harness.eventually(fn ->
+               info = info(node)
+               info.run_trace.samples == 40 and info
+             end)
 
     steps = [
       trace.checked,
@@ -49,7 +53,7 @@ defmodule XlaNode.RunTraceTest do
 
     # Answered at launch (results kept on the device): sampled too.
     run(node, 10, keep_on_device: true)
-    assert info(node).run_trace.samples == 50
+    assert Harness.eventually(fn -> info(node).run_trace.samples == 50 end)
   end
 
   test "off by default" do
