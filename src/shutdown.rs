@@ -142,6 +142,17 @@ pub fn read_cookie(input: &mut impl BufRead) -> anyhow::Result<String> {
     Ok(cookie.to_string())
 }
 
+/// Waits at most `limit` for a first line (or the end) of standard input, on a thread of its
+/// own, and drops it.
+pub fn await_first_line(limit: Duration) {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().lock().read_line(&mut String::new());
+        let _ = sender.send(());
+    });
+    let _ = receiver.recv_timeout(limit);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

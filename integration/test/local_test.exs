@@ -199,6 +199,30 @@ defmodule XlaNode.LocalTest do
       assert log =~ "unexpected argument"
     end
 
+    test "starts that fail at once, many together, each say why" do
+      # A node refusing its arguments exits at once; the cookie written on its input must not
+      # meet a closed pipe, which would cost the error its exit status and lines.
+      log =
+        capture_log(fn ->
+          1..24
+          |> Task.async_stream(
+            fn _ ->
+              Process.flag(:trap_exit, true)
+              XlaNode.Local.start_link(args: ["--no-such-flag"])
+            end,
+            max_concurrency: 24,
+            timeout: 60_000
+          )
+          |> Enum.each(fn {:ok, result} ->
+            assert {:error, %Error{kind: :launch_error, message: message}} = result
+            assert message =~ "exited with status 2 before it answered :ping"
+            assert message =~ "unexpected argument '--no-such-flag'"
+          end)
+        end)
+
+      assert log =~ "unexpected argument"
+    end
+
     test "plugin: :gpu without the CUDA plugin installed" do
       if File.exists?(XlaNode.Setup.cuda_plugin()) do
         IO.puts("skipped: the CUDA plugin is installed here")

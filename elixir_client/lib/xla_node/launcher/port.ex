@@ -198,6 +198,15 @@ defmodule XlaNode.Launcher.Port do
         state = flush_output(%{state | port: nil})
         {:done, {:error, exited_error(state, status), state}}
 
+      # The command closed its input before the cookie was written there (it exited, and an
+      # Erlang port closed by `epipe` reports no exit status).
+      {:EXIT, ^port, reason} ->
+        state = flush_output(%{state | port: nil})
+        message = "closed its standard input (#{inspect(reason)}) before it answered :ping"
+
+        {:done,
+         {:error, launch_error(state, message <> last_lines(state), {:exit, reason}), state}}
+
       {:DOWN, _, :process, owner, reason} when owner == state.owner ->
         message = "its owner exited (#{inspect(reason)})"
         {:done, {:error, launch_error(state, message, :owner_down), state}}
@@ -234,6 +243,13 @@ defmodule XlaNode.Launcher.Port do
 
   def handle_info({:DOWN, _, :process, owner, _reason}, %{owner: owner} = state),
     do: {:stop, :shutdown, state}
+
+  # The port closed without an exit status (a write to a command that closed its input).
+  def handle_info({:EXIT, port, reason}, %{port: port} = state) do
+    state = flush_output(%{state | port: nil})
+    Logger.error("#{state.label} closed its port (#{inspect(reason)})", xla_node: state.node)
+    {:stop, {:xla_node_exited, reason}, state}
+  end
 
   # The port's own exit signal (its exit status came first), and those of processes this one
   # linked to while starting.
