@@ -412,6 +412,37 @@ defmodule XlaNode.CompilerTest do
     assert %Nx.Tensor{data: %Nx.BinaryBackend{}} = split
   end
 
+  def scaled_pair({a, b}, opts), do: {Nx.multiply(a, opts[:by]), Nx.add(b, opts[:by])}
+  def pair_map({a, b}, _opts), do: %{sum: Nx.add(a, b), pair: {Nx.negate(a), Nx.multiply(b, 2)}}
+
+  # runtime_calls returning containers: a tuple used by a later program, a map of a nested
+  # tuple handed to a second runtime_call, and a container returned as it came.
+  defn container_calls(x) do
+    {a, b} = Nx.runtime_call({x, x}, {x * 2, x}, [by: 3], &scaled_pair/2)
+
+    %{sum: sum, pair: {n, d}} =
+      Nx.runtime_call(%{sum: x, pair: {x, x}}, {a + 1, b}, [], &pair_map/2)
+
+    {c, e} = Nx.runtime_call({x, x}, {sum * n, d}, [by: 0.5], &scaled_pair/2)
+    {c + e, Nx.runtime_call({x, x}, {a, d}, [by: 2], &scaled_pair/2)}
+  end
+
+  test "callbacks: :split with runtime_calls returning containers" do
+    x = Nx.tensor([0.5, 1.0, 2.0])
+    theirs = Nx.Defn.jit(&container_calls/1, compiler: Nx.Defn.Evaluator).(x)
+
+    for callbacks <- [:split, :inside] do
+      ours =
+        Nx.Defn.jit(&container_calls/1,
+          compiler: XlaNode.Compiler,
+          node: xla(),
+          callbacks: callbacks
+        ).(x)
+
+      assert_match(ours, theirs, [])
+    end
+  end
+
   test "callbacks: :split runs hooks on the caller between programs too" do
     out =
       capture_io(fn ->

@@ -18,7 +18,7 @@ defmodule XlaNode.Compiler.Split do
   # one, runs the function in other processes, and a copy does not keep an expression graph's
   # sharing).
 
-  alias Nx.Defn.{Composite, Expr, Graph}
+  alias Nx.Defn.{Composite, Expr, Graph, Tree}
   alias Nx.Tensor, as: T
   alias XlaNode.Compiler.Program
 
@@ -55,7 +55,7 @@ defmodule XlaNode.Compiler.Split do
         scope =
           stage.expr
           |> Tuple.to_list()
-          |> Enum.with_index(fn t, i -> {{stage.id, i}, Nx.to_template(t)} end)
+          |> Enum.with_index(fn t, i -> {{stage.id, i}, output_template(t)} end)
           |> Enum.into(scope)
 
         {{stage.id, sources, run}, scope}
@@ -103,17 +103,35 @@ defmodule XlaNode.Compiler.Split do
 
   # A stage the cut made for a callback runs on this node; any other on the compute node.
   defp stage_runner(expr, inputs, stage_key, node_opts, info) do
+    {expr, inputs} = take_elements(expr, inputs)
+    run = compile_stage(expr, inputs, stage_key, node_opts, info)
+
+    fn inputs ->
+      inputs |> Tuple.to_list() |> Enum.flat_map(&elements/1) |> List.to_tuple() |> run.()
+    end
+  end
+
+  defp compile_stage(expr, inputs, stage_key, node_opts, info) do
     if calls_back?(expr) do
       hooks = Keyword.get(node_opts, :hooks, %{})
 
+      # The Evaluator outputs tensors only: a container result goes out as its elements, and
+      # is a tuple of them again between stages.
+      outputs = Tuple.to_list(expr)
+      counts = Enum.map(outputs, &element_count/1)
+      flat = outputs |> Enum.flat_map(&output_elements/1) |> List.to_tuple()
+
       compiled =
-        Nx.Defn.compile(fn _ -> expr end, [inputs], compiler: Nx.Defn.Evaluator, hooks: hooks)
+        Nx.Defn.compile(fn _ -> flat end, [inputs], compiler: Nx.Defn.Evaluator, hooks: hooks)
 
       # Copies: the stage's inputs may be needed by later stages, or be the caller's tensors.
       # The stage computes on this node, whatever the default backend.
       fn inputs ->
         inputs = inputs |> Tuple.to_list() |> Enum.map(&Nx.backend_copy/1) |> List.to_tuple()
+
         Nx.with_default_backend(Nx.BinaryBackend, fn -> compiled.(inputs) end)
+        |> Tuple.to_list()
+        |> regroup(counts)
       end
     else
       vars = [inputs]
@@ -132,6 +150,108 @@ defmodule XlaNode.Compiler.Split do
         outputs
       end
     end
+  end
+
+  # What a stage's output is between stages: a tensor's template, or for a `runtime_call`
+  # returning a container, the templates of its tensors (the Evaluator gives them as a tuple).
+  defp output_template(%T{type: {:tuple, _}, data: %Expr{op: :runtime_call, args: args}}) do
+    [_operands, _fun, template, _opts] = args
+    [template] |> Composite.flatten_list() |> Enum.map(&Nx.to_template/1) |> List.to_tuple()
+  end
+
+  defp output_template(t), do: Nx.to_template(t)
+
+  # A stage output's tensors: one, or those of a runtime_call's container (nil: one tensor).
+  defp element_count(%T{type: {:tuple, _}} = t), do: tuple_size(output_template(t))
+  defp element_count(_t), do: nil
+
+  defp output_elements(%T{type: {:tuple, _}} = t),
+    do: t |> Expr.tuple(t |> output_template() |> Tuple.to_list()) |> Tuple.to_list()
+
+  defp output_elements(t), do: [t]
+
+  defp regroup(values, counts) do
+    {grouped, []} =
+      Enum.map_reduce(counts, values, fn
+        nil, [value | rest] ->
+          {value, rest}
+
+        count, values ->
+          {group, rest} = Enum.split(values, count)
+          {List.to_tuple(group), rest}
+      end)
+
+    List.to_tuple(grouped)
+  end
+
+  defp elements(tuple) when is_tuple(tuple), do: Tuple.to_list(tuple)
+  defp elements(tensor), do: [tensor]
+
+  # A runtime_call's container result reaches later stages as one tuple-typed parameter, which
+  # neither a program nor the Evaluator takes: a stage given one takes each of its tensors as a
+  # parameter of its own instead, in place of the `elem/2`s of it, and its other parameters
+  # move up behind them. Returns the stage's expression and its inputs' templates, flattened.
+  defp take_elements(expr, inputs) do
+    templates = Tuple.to_list(inputs)
+
+    if Enum.any?(templates, &is_tuple/1) do
+      {positions, _count} =
+        Enum.map_reduce(templates, 0, fn
+          t, next when is_tuple(t) -> {{:elements, next}, next + tuple_size(t)}
+          _t, next -> {{:tensor, next}, next + 1}
+        end)
+
+      positions = List.to_tuple(positions)
+      {expr, _cache} = Composite.traverse(expr, %{}, &reparameter(&1, &2, positions))
+      {expr, templates |> Enum.flat_map(&elements/1) |> List.to_tuple()}
+    else
+      {expr, inputs}
+    end
+  end
+
+  defp reparameter(%T{data: %Expr{id: id}} = t, cache, positions) do
+    case cache do
+      %{^id => new} ->
+        {new, cache}
+
+      %{} ->
+        {new, cache} = reparameter_node(t, cache, positions)
+        {new, Map.put(cache, id, new)}
+    end
+  end
+
+  defp reparameter(other, cache, _positions), do: {other, cache}
+
+  defp reparameter_node(%T{data: %Expr{op: :elem, args: [tuple, i]}} = t, cache, positions) do
+    case tuple do
+      %T{data: %Expr{op: :parameter, args: [j]}} ->
+        {:elements, first} = elem(positions, j)
+        {Expr.parameter(t, first + i), cache}
+
+      _ ->
+        {tuple, cache} = reparameter(tuple, cache, positions)
+        {put_in(t.data.args, [tuple, i]), cache}
+    end
+  end
+
+  defp reparameter_node(%T{data: %Expr{op: :parameter, args: [j]}} = t, cache, positions) do
+    case elem(positions, j) do
+      {:tensor, position} ->
+        {Expr.parameter(t, position), cache}
+
+      {:elements, _} ->
+        raise ArgumentError,
+              "callbacks: :split: a stage uses a runtime_call's container result other " <>
+                "than through its elements: #{inspect(t)}"
+    end
+  end
+
+  # A function's parameters are its own (as are a while's block's, which :scope leaves).
+  defp reparameter_node(%T{data: %Expr{op: :fun}} = t, cache, _positions), do: {t, cache}
+
+  defp reparameter_node(t, cache, positions) do
+    {args, cache} = Tree.apply_args(t, :scope, cache, &reparameter(&1, &2, positions))
+    {put_in(t.data.args, args), cache}
   end
 
   # The stages Graph.split made for a callback output its runtime_call or hook itself.
