@@ -247,6 +247,8 @@ defmodule XlaNode.MetricsTest do
            }) == 1
 
     sequence(node)
+    # A run's place (what runs_running counts) is released just after its reply is sent.
+    assert Harness.eventually(fn -> info(node).runs_running == 0 end, 5_000, 10)
     after_ = scrape(node)
 
     runs = fn outcome -> delta(after_, before, "xla_node_runs_total", %{"outcome" => outcome}) end
