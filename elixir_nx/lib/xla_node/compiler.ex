@@ -23,8 +23,8 @@ defmodule XlaNode.Compiler do
   `Nx.runtime_call/4` callbacks and hooks (`print_value`, `hook/3`) run on the caller's node, in
   a callback server started for each call, while the program runs on the compute node. A
   callback that fails (raises, throws, exits, or returns a result that does not match its
-  output template) fails the call as under `Nx.Defn.Evaluator`, with its own exception (see
-  `XlaNode.Compiler.Callbacks`).
+  output template) fails the call as under `Nx.Defn.Evaluator`, with its own exception and
+  stacktrace, throw or exit.
 
   The expression never leaves the process that traced it: the cache holds the executable, the
   output templates and the callbacks, and the function `Nx.Defn.compile/3` returns captures no
