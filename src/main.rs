@@ -241,13 +241,14 @@ fn full_name(cli: &Cli) -> anyhow::Result<String> {
 }
 
 /// Ends the process on arguments clap refuses (or `--help`, `--version`), as clap would. Under
-/// `--cookie-from-stdin` the parent writes the cookie as soon as it starts the node: the node
-/// keeps its standard input open until that line came (a few seconds at most), so that the
-/// parent's write never meets a closed pipe, which would cost the parent this message and the
-/// exit status (an Erlang port closed by `epipe` reports neither).
+/// `--cookie-from-stdin` the parent writes the cookie as soon as it starts the node: a node
+/// refusing its arguments keeps its standard input open until that line came (a few seconds at
+/// most), so that the parent's write never meets a closed pipe, which would cost the parent this
+/// message and the exit status (an Erlang port closed by `epipe` reports neither).
 fn refuse_arguments(error: clap::Error) -> ! {
     let _ = error.print();
-    if std::env::args_os().any(|arg| arg == "--cookie-from-stdin") {
+    let refused = error.use_stderr();
+    if refused && std::env::args_os().any(|arg| arg == "--cookie-from-stdin") {
         shutdown::await_first_line(Duration::from_secs(5));
     }
     std::process::exit(error.exit_code())
