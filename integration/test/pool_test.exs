@@ -400,6 +400,84 @@ defmodule XlaNode.PoolTest do
     assert message =~ "compiled through the pool"
   end
 
+  # Places are counted as on XLA's CPU client.
+  @tag :cpu_only
+  test "a run a node refuses as overloaded goes to another node; refused by all, the refusal" do
+    # Nodes on which this client node may have no run waiting for a place.
+    [a, b] = for _ <- 1..2, do: Harness.start_node(args: ["--tenant", "default:max_queued=0"])
+    pool = :"pool_#{System.unique_integer([:positive])}"
+    start_supervised!({Pool, name: pool, nodes: [a.name, b.name]})
+    wait_until_up(pool, [a.name, b.name])
+
+    {held, _log, gate} = PoolHelpers.start_recording_server(0)
+    {open, _log, _gate} = PoolHelpers.start_recording_server(0)
+    PoolHelpers.close_gate(gate)
+    exe = XlaNode.compile!(pool, PoolHelpers.doubling())
+    x = f32([1, 2, 3, 4])
+
+    # Fills `node`'s places with runs held on their callbacks, sent to it directly (the pool
+    # does not count them), until it refuses one. (A refusal slower than the wait for it is
+    # among the tasks returned, which end in a refusal or the run's results.)
+    fill = fn node ->
+      direct = XlaNode.compile!(node, PoolHelpers.doubling())
+      run = fn -> XlaNode.run(node, direct, [x], callback_server: held, timeout: 60_000) end
+
+      Stream.repeatedly(fn -> Task.async(run) end)
+      |> Enum.reduce_while([], fn task, tasks ->
+        case Task.yield(task, 200) do
+          nil -> {:cont, [task | tasks]}
+          {:ok, {:error, %Error{kind: :overloaded}}} -> {:halt, tasks}
+        end
+      end)
+    end
+
+    refusals = fn node ->
+      {:ok, %{tenants: tenants}} = XlaNode.info(node)
+      tenants[node()].refusals.overloaded
+    end
+
+    held_on_a = fill.(a.name)
+    refused_on_a = refusals.(a.name)
+    # One run in flight through the pool on b, so that the pool places the next one on a.
+    pinned =
+      Task.async(fn -> XlaNode.run(pool, exe, [x], node: b.name, callback_server: held) end)
+
+    assert Harness.eventually(fn -> status_of(pool, b.name).in_flight == 1 end)
+
+    assert {:ok, [y]} = XlaNode.run(pool, exe, [x], callback_server: open)
+    assert Tensor.to_list(y) == [3.0, 5.0, 7.0, 9.0]
+    assert refusals.(a.name) == refused_on_a + 1
+    assert %{errors: 1, retries: 1, runs: 0} = status_of(pool, a.name)
+    assert %{runs: 1} = status_of(pool, b.name)
+
+    # Refused by every node: the caller has the refusal, at once.
+    held_on_b = fill.(b.name)
+    refused = refusals.(a.name) + refusals.(b.name)
+
+    assert {:error, %Error{kind: :overloaded, message: message}} =
+             XlaNode.run(pool, exe, [x], callback_server: open)
+
+    assert message =~ "max_queued of 0"
+    assert refusals.(a.name) + refusals.(b.name) == refused + 2
+    # Pinned: not re-sent.
+    assert {:error, %Error{kind: :overloaded}} =
+             XlaNode.run(pool, exe, [x], node: a.name, callback_server: open)
+
+    assert refusals.(a.name) + refusals.(b.name) == refused + 3
+
+    PoolHelpers.open_gate(gate)
+
+    assert {:ok, [y]} = Task.await(pinned, 60_000)
+    assert Tensor.to_list(y) == [3.0, 5.0, 7.0, 9.0]
+
+    for task <- held_on_a ++ held_on_b do
+      case Task.await(task, 60_000) do
+        {:ok, [y]} -> assert Tensor.to_list(y) == [3.0, 5.0, 7.0, 9.0]
+        refused -> assert {:error, %Error{kind: :overloaded}} = refused
+      end
+    end
+  end
+
   test "callbacks reach the caller's callback server; errors of the node keep their kind",
        %{pool: pool, names: names} do
     {:ok, server} =

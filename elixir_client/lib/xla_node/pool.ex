@@ -116,6 +116,11 @@ defmodule XlaNode.Pool do
   A run whose node goes down or disconnects before replying is sent to another node (compiled
   there if needed; to its least loaded device, as placement chooses), up to `:max_attempts` attempts in all. The caller learns of it as soon as
   its own connection does (the call monitors the node's `:xla` process), not after a timeout.
+  A run that its node refuses at once as `:overloaded` (its client node had the `max_queued`
+  runs waiting there that the node's `--tenant` rules allow) never started: it is sent to
+  another node of the pool that is up, within the same limits (not pinned, no `retry: false`,
+  `:max_attempts`); where every node refuses it, the caller gets the last refusal.
+
   A run is not re-sent, and the caller gets `{:error, %XlaNode.Error{kind: :nodedown,
   reason: :nodedown, node: node}}` at once, when
 
@@ -281,7 +286,8 @@ defmodule XlaNode.Pool do
   `:stopping` while a node the pool started is drained before it stops),
   `in_flight` (runs of this pool sent there and not answered), `runs` (answered with results),
   `errors` (answered with an error), `failures` (attempts lost because the node went down),
-  `retries` (of those, the runs re-sent elsewhere), `recent_run_us` (a moving average of its
+  `retries` (runs re-sent elsewhere: lost with the node, or refused there as `:overloaded`,
+  which also counts among its `errors`), `recent_run_us` (a moving average of its
   runs' wall time, as the caller sees it), `executables` (programs compiled there), `platform`,
   `last_error` (why it is not up) and `devices`: per device of the node (as its `:info` last
   listed them), its index, its name, and the runs the pool placed on it in flight and answered

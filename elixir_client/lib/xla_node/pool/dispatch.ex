@@ -225,9 +225,28 @@ defmodule XlaNode.Pool.Dispatch do
         Table.count(ctx.tab, node, :failures)
         failover(ctx, plan, attempt, tried, where, error, fired)
 
+      {:error, %Error{kind: :overloaded} = error} ->
+        Table.count(ctx.tab, node, :errors)
+        elsewhere(ctx, plan, attempt, tried, node, {{:error, error}, where_map})
+
       {:error, error} ->
         Table.count(ctx.tab, node, :errors)
         {{:error, %{error | node: error.node || node}}, where_map}
+    end
+  end
+
+  # A run the node refused as :overloaded (its client node had its max_queued runs waiting
+  # there) never started: it goes to another node of the pool that is up, if there is one
+  # and the run may be re-sent; else the caller has the refusal.
+  defp elsewhere(ctx, plan, attempt, tried, node, refused) do
+    tried = [node | tried]
+    want = Keyword.get(plan.node_opts, :device, :any_device)
+
+    if may_retry?(plan, attempt) and match?({:ok, _, _, _}, choose(ctx, nil, nil, tried, want)) do
+      Table.count(ctx.tab, node, :retries)
+      attempt_run(ctx, plan, attempt + 1, tried)
+    else
+      refused
     end
   end
 
