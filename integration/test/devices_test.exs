@@ -69,8 +69,9 @@ defmodule XlaNode.DevicesTest do
 
   defp runs_since(node, before), do: Enum.zip_with(runs_per_device(node), before, &(&1 - &2))
 
-  # Runs started on each device: `running` as well as `runs`, since the node moves a run from
-  # `running` to `runs` only after it has answered it.
+  # Runs started on each device: `running` as well as `runs`, since the node moves a run
+  # answered at launch (its results kept on the device) from `running` to `runs` only once it
+  # has completed.
   defp runs_per_device(node) do
     {:ok, %{device_info: devices}} = call(node, :info)
     Enum.map(devices, &(&1.runs + &1.running))
@@ -80,9 +81,20 @@ defmodule XlaNode.DevicesTest do
     assert {:ok, %{devices: ["cpu:0", "cpu:1", "cpu:2", "cpu:3"], device_info: info}} =
              call(node, :info)
 
-    # `running` may still count another test's run, answered just before this one asks.
+    # `running` may still count another test's run answered at launch.
     assert [%{id: 0, runs: runs, running: running} | _] = info
     assert is_integer(runs) and is_integer(running)
+  end
+
+  test "a run answered at completion is no longer counted as running once its caller has the reply",
+       %{node: node, exe: exe} do
+    a = f32([1.0, 2.0, 3.0])
+
+    for device <- 0..(@devices - 1), _ <- 1..10 do
+      assert {:ok, [_]} = call(node, {:run, exe, [a, a], [device: device]})
+      {:ok, %{runs_running: 0, device_info: devices}} = call(node, :info)
+      assert Enum.all?(devices, &(&1.running == 0)), inspect(devices)
+    end
   end
 
   test "buffers and runs on each device; a result stays on its run's device",

@@ -112,8 +112,9 @@ pub struct RunCounts {
 /// Answers a queued run that timed out, with the error text.
 pub type TimedOut = Box<dyn FnOnce(String) + Send + 'static>;
 
-/// An admitted run's work, on its executor thread: it passes the gate through its [`Place`].
-pub type RunJob = Box<dyn FnOnce(&Place) + Send + 'static>;
+/// An admitted run's work, on its executor thread: it passes the gate through its [`Place`],
+/// which it gives back by dropping it (at the latest when the job returns).
+pub type RunJob = Box<dyn FnOnce(Place) + Send + 'static>;
 
 /// What the scheduler needs to know of a run to place it.
 pub struct RunTicket {
@@ -333,7 +334,7 @@ impl Scheduler {
             lane,
             tenant,
         };
-        self.executor.submit(Box::new(move || job(&place)));
+        self.executor.submit(Box::new(move || job(place)));
     }
 
     /// A run ended: starts the queued runs its place admits.

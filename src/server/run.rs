@@ -221,11 +221,12 @@ impl RunRequest {
                     Ok(reserved) => Some(reserved),
                     Err(refused) => {
                         state.runs().executed(started);
+                        drop(place);
                         return reply(&state, &from, Err(refused));
                     }
                 };
                 // The run holds its place until it has completed, also when it was answered at
-                // launch.
+                // launch; answered at completion, it gives it back before its caller hears.
                 let early = early_answer(calls_back, &options);
                 let inline = execute(
                     &state,
@@ -336,11 +337,13 @@ fn early_answer(calls_back: bool, options: &RunOptions) -> bool {
 /// its buffers) or the run's error: at launch when `early` ([`early_answer`]), else at
 /// completion. After an early answer, an error XLA reports at completion reaches the caller
 /// through the kept buffers, at their next use. Returns, for a run that succeeded, whether it
-/// had completed when XLA's `Execute` returned (it executed on this thread).
+/// had completed when XLA's `Execute` returned (it executed on this thread). The run's place
+/// and its count as running on its devices end before an answer at completion, so that the
+/// caller's next `:info` no longer counts it; after an answer at launch, once it completed.
 #[allow(clippy::too_many_arguments)]
 fn execute(
     state: &State,
-    place: &Place,
+    place: Place,
     run: &Run,
     handle: Option<RunHandle>,
     options: &RunOptions,
@@ -348,7 +351,7 @@ fn execute(
     early: bool,
     answer: &mut dyn FnMut(Result<Vec<Term>, XlaError>),
 ) -> Option<bool> {
-    let _running: Vec<_> = run
+    let running: Vec<_> = run
         .devices()
         .iter()
         .map(|&device| state.device_runs().start(device))
@@ -410,7 +413,10 @@ fn execute(
     let outputs = passage.execute(run, &mut |completed| inline = completed);
     drop(callbacks);
     let succeeded = outputs.is_ok();
-    answer(outputs.and_then(terms));
+    let results = outputs.and_then(terms);
+    drop(running);
+    drop(place);
+    answer(results);
     succeeded.then_some(inline)
 }
 
