@@ -607,14 +607,17 @@ defmodule XlaNode do
   The node's status: a map with keys such as `:node`, `:version`, `:uptime_ms`, `:peers`,
   `:platform`, `:devices`, `:executables`, `:buffers`, `:compiles`, `:runs`, `:run_errors`, and
   `:tenants`, each client node's runs, queue wait, device memory and refusals (this node's under
-  `node()`).
+  `node()`, once it has put a buffer, compiled a program or sent a run there).
 
   Options: `:timeout` (default `60_000`).
 
       {:ok, %{platform: "cpu", devices: [_ | _] = devices}} = XlaNode.info(:"xla@host")
       true = Enum.all?(devices, &is_binary/1)
+      buf = XlaNode.to_device!(:"xla@host", XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32}))
       {:ok, %{tenants: tenants}} = XlaNode.info(:"xla@host")
-      %{runs_queued: _, device_bytes: _, refusals: _} = tenants[node()]
+      %{runs_queued: _, device_bytes: bytes, refusals: _} = tenants[node()]
+      true = bytes >= 8
+      :ok = XlaNode.free(:"xla@host", buf)
   """
   @spec info(server(), keyword()) :: {:ok, map()} | error()
   def info(server, opts \\ []), do: call(server, :info, timeout!(opts, "XlaNode.info/2"))
