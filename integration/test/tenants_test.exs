@@ -191,9 +191,7 @@ defmodule XlaNode.TenantsTest do
 
       all_ok(finish(held, 38 + 8))
 
-      # Each node's figures, once the last run's place (what runs_running counts), released
-      # just after its reply is sent, is free.
-      assert Harness.eventually(fn -> info(ctx.node).runs_running == 0 end, 5_000, 10)
+      # Each node's figures.
       tenants = info(ctx.node).tenants
 
       assert %{runs: 38, runs_running: 0, runs_queued: 0, weight: 1, rule: "default"} =
