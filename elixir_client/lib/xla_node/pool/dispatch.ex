@@ -114,21 +114,24 @@ defmodule XlaNode.Pool.Dispatch do
 
   # Returns {result, %{node:, device:, attempts:}}: where the last attempt went, attempts made.
   defp attempt_run(ctx, plan, attempt, tried) do
-    want = Keyword.get(plan.node_opts, :device, :any_device)
-
-    case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline, want) do
+    case place(ctx, plan.handle.id, plan.pin, tried, plan.deadline, wanted_device(plan)) do
       {:ok, node, gen, device} ->
-        if ctx.max_concurrency, do: note_saturation(ctx)
-        # In flight from here: a run waiting for its program to compile on the node counts, so
-        # that the runs placed meanwhile do not all pile onto a device that has none in flight
-        # yet.
-        watch_caller(ctx)
-        run = Table.start_run(ctx.tab, node, device)
-        start_run_on(ctx, plan, attempt, tried, {node, gen, device}, run)
+        run_placed_at(ctx, plan, attempt, tried, {node, gen, device})
 
       error ->
         {error, %{node: List.first(tried), device: nil, attempts: attempt - 1}}
     end
+  end
+
+  defp wanted_device(plan), do: Keyword.get(plan.node_opts, :device, :any_device)
+
+  defp run_placed_at(ctx, plan, attempt, tried, {node, _gen, device} = where) do
+    if ctx.max_concurrency, do: note_saturation(ctx)
+    # In flight from here: a run waiting for its program to compile on the node counts, so
+    # that the runs placed meanwhile do not all pile onto a device that has none in flight yet.
+    watch_caller(ctx)
+    run = Table.start_run(ctx.tab, node, device)
+    start_run_on(ctx, plan, attempt, tried, where, run)
   end
 
   # A pool that stops an idle node marks it :stopping and then reads its runs in flight; the
@@ -240,13 +243,13 @@ defmodule XlaNode.Pool.Dispatch do
   # and the run may be re-sent; else the caller has the refusal.
   defp elsewhere(ctx, plan, attempt, tried, node, refused) do
     tried = [node | tried]
-    want = Keyword.get(plan.node_opts, :device, :any_device)
 
-    if may_retry?(plan, attempt) and match?({:ok, _, _, _}, choose(ctx, nil, nil, tried, want)) do
+    with true <- may_retry?(plan, attempt),
+         {:ok, next, gen, device} <- choose(ctx, plan.handle.id, nil, tried, wanted_device(plan)) do
       Table.count(ctx.tab, node, :retries)
-      attempt_run(ctx, plan, attempt + 1, tried)
+      run_placed_at(ctx, plan, attempt + 1, tried, {next, gen, device})
     else
-      refused
+      _none -> refused
     end
   end
 
