@@ -316,8 +316,11 @@ defmodule XlaNode.PoolLauncherTest do
     :ok = Pool.remove_node(name, gone)
     assert wait_for(fn -> not Harness.os_process_alive?(gone_pid) end, 10_000)
 
-    assert [%{event: :stopped, node: ^gone, reason: :removed} | _] =
-             Pool.status(name).launcher.events
+    # min: 3 may already have started the replacement, so the stop need not be the latest event.
+    assert Enum.any?(
+             Pool.status(name).launcher.events,
+             &match?(%{event: :stopped, node: ^gone, reason: :removed}, &1)
+           )
 
     # min: 3 starts another.
     assert wait_for(fn -> length(for %{status: :up} <- launched(name), do: 1) == 3 end)
