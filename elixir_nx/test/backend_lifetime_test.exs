@@ -248,6 +248,58 @@ defmodule XlaNode.BackendLifetimeTest do
     assert Enum.any?(1..100, fn _ -> buffers() == n0 or (Process.sleep(50) && false) end)
   end
 
+  test "a container handed over to a process on a second BEAM node lives there before its first use, and goes with that process if never used" do
+    peer = Node.start_peer!()
+    on_exit(fn -> Node.stop_peer(peer) end)
+    n0 = buffers()
+    # They keep what they are sent without using it until asked for its sums.
+    remote = :erpc.call(peer.node, Holder, :start, [])
+    idle = :erpc.call(peer.node, Holder, :start, [])
+    local = Holder.start()
+    handed = fn -> :erpc.call(peer.node, XlaNode.Keeper, :stats, []).handed end
+
+    # Made here in a Task, handed over, sent, and dropped here at once.
+    [] =
+      Holder.await(local, fn ->
+        params = Task.async(fn -> [Nx.iota({10}, type: :f32), Nx.iota({4}, type: :f32)] end)
+        params = Task.await(params)
+        send(remote, {:params, XlaNode.Backend.hand_over(params, remote)})
+        []
+      end)
+
+    assert handed.() == 2
+    collect([local])
+    collect(peer, [remote])
+    assert buffers() == n0 + 2
+
+    # Used there: taken over by its node's client, and the hand-over ends.
+    assert Holder.sums(remote) == [45.0, 6.0]
+    assert handed.() == 0
+    collect(peer, [remote])
+    assert buffers() == n0 + 2
+    assert Holder.sums(remote) == [45.0, 6.0]
+    Holder.drop(remote)
+    collect(peer, [remote])
+    assert buffers() == n0
+
+    # Never used there: it goes when the process it was handed to exits.
+    [] =
+      Holder.await(local, fn ->
+        :ok = Holder.keep(idle, XlaNode.Backend.hand_over([Nx.iota({3}, type: :f32)], idle))
+        []
+      end)
+
+    collect([local])
+    collect(peer, [idle])
+    assert buffers() == n0 + 1
+    :erpc.call(peer.node, Process, :exit, [idle, :kill])
+    assert Enum.any?(1..100, fn _ -> buffers() == n0 or (Process.sleep(50) && false) end)
+
+    # Handed to a process of this node: nothing to do, the tensor comes back as it was.
+    t = Nx.iota({2}, type: :f32)
+    assert XlaNode.Backend.hand_over(t, local) == t
+  end
+
   test "Nx.Serving with keep_on_device: true: the results stay on the node while the caller holds them" do
     n0 = buffers()
 

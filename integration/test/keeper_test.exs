@@ -200,6 +200,103 @@ defmodule XlaNode.KeeperTest do
     assert buffers_come_to?(node, n0)
   end
 
+  test "a buffer handed over to a process on another BEAM node lives there before its first use, and goes with that process if never used",
+       %{node: node} do
+    peer = Harness.start_peer()
+    {:ok, _} = Harness.peer_call(peer, PeerHelpers, :start_client, [])
+    n0 = buffers(node)
+    local = PeerHelpers.spawn_term_holder(false)
+    # They keep what they are sent without using it until told to.
+    remote = Harness.peer_call(peer, PeerHelpers, :spawn_term_holder, [false])
+    idle = Harness.peer_call(peer, PeerHelpers, :spawn_term_holder, [false])
+    test = self()
+    handed = fn -> Harness.peer_call(peer, Keeper, :stats, []).handed end
+
+    # Without a hand-over, a buffer sent there and dropped here goes before its first use there.
+    [control] =
+      made_in(local, fn ->
+        pair = kept(node, [1.0])
+        send(remote, {:hold, [pair], test})
+        [pair]
+      end)
+
+    assert_receive :holds, 5_000
+    drop(local)
+    sweep()
+    assert buffers_come_to?(node, n0)
+    assert read(node, control) == {:error, :argument_error}
+    send(remote, {:drop, self()})
+    assert_receive :dropped, 5_000
+
+    # Handed over first: held there until used, whatever this node does.
+    [buffer] =
+      made_in(local, fn ->
+        {buffer, token} = pair = kept(node, [4.0])
+        :ok = Keeper.hand_over([{token, buffer}], remote)
+        send(remote, {:hold, [pair], test})
+        [pair]
+      end)
+
+    assert_receive :holds, 5_000
+    assert handed.() == 1
+    drop(local)
+    sweep()
+    Process.sleep(100)
+    assert buffers(node) == n0 + 1
+    assert read(node, buffer) == {:ok, [4.0]}
+
+    # Its first use there takes it over: the hand-over's hold ends, the token's holds it.
+    send(remote, {:use, self()})
+    assert_receive :used, 5_000
+    assert handed.() == 0
+    Harness.peer_call(peer, Keeper, :sweep, [])
+    Process.sleep(100)
+    assert buffers(node) == n0 + 1
+    send(remote, {:read, node.name, self()})
+    assert_receive {:read, [{:ok, {:ok, {<<4.0::float-32-little>>, _}}}]}, 5_000
+
+    send(remote, {:drop, self()})
+    assert_receive :dropped, 5_000
+    Harness.peer_call(peer, Keeper, :sweep, [])
+    Harness.peer_call(peer, Keeper, :sweep, [])
+    assert buffers_come_to?(node, n0)
+
+    # Handed to a process that never uses it: it goes when that process exits.
+    [buffer] =
+      made_in(local, fn ->
+        {buffer, token} = pair = kept(node, [5.0])
+        :ok = Keeper.hand_over([{token, buffer}], idle)
+        send(idle, {:hold, [pair], test})
+        [pair]
+      end)
+
+    assert_receive :holds, 5_000
+    drop(local)
+    sweep()
+    Process.sleep(100)
+    assert read(node, buffer) == {:ok, [5.0]}
+    Harness.peer_call(peer, Process, :exit, [idle, :kill])
+    assert buffers_come_to?(node, n0)
+    assert handed.() == 0
+
+    # To a process of this node: nothing to do. To a node without the client: refused.
+    {buffer, token} = kept(node, [6.0])
+    assert :ok = Keeper.hand_over([{token, buffer}], local)
+    # (Quietly: its application controller would log the stop.)
+    :ok = Harness.peer_call(peer, :logger, :set_primary_config, [:level, :warning])
+    :ok = Harness.peer_call(peer, Application, :stop, [:xla_node_client])
+
+    assert {:error, %XlaNode.Error{kind: :noproc, message: message}} =
+             Keeper.hand_over([{token, buffer}], remote)
+
+    assert message =~ "start the :xla_node_client application there"
+    assert read(node, buffer) == {:ok, [6.0]}
+
+    assert_raise ArgumentError, ~r/takes {token, buffer} pairs/, fn ->
+      Keeper.hand_over([{"not a token", buffer}], remote)
+    end
+  end
+
   test "a forged or stale token is refused or costs nothing else; a keeper that restarts frees what it held",
        %{node: node} do
     n0 = buffers(node)

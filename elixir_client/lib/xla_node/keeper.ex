@@ -57,11 +57,14 @@ defmodule XlaNode.Keeper do
   A token made here that went through `:erlang.term_to_binary/1` and back is a binary of its
   own again, taken for the one made here: it is not held by itself.
 
-  Until its first use there, a tensor on another node is held only by the node it came from:
-  a tensor sent to another node and dropped here at once is gone there if it was not used
-  there first (nothing in Erlang runs when a message arrives). Copies of one token that reached
-  this node separately are tracked as one, the first used: when it goes, the others are taken
-  over again at their next use, if another node still holds the buffer then.
+  Until its first use there, a tensor on another node is held only by the node it came from
+  (nothing in Erlang runs when a message arrives): a tensor sent to another node and dropped
+  here at once is gone there if it was not used there first. `hand_over/3`, before the
+  message goes, closes that gap: the receiving node's keeper holds the buffer from then until
+  one of its processes first uses it, or until the process it was handed to exits. Copies of
+  one token that reached a node separately are tracked there as one, the first used: when it
+  goes, the others are taken over again at their next use, if another node still holds the
+  buffer then.
   """
 
   use GenServer
@@ -153,24 +156,19 @@ defmodule XlaNode.Keeper do
   end
 
   defp hold(token, buffer, keeper, origin) do
-    key = key(token)
-
-    cond do
-      made_here?(token, origin) ->
-        :ok
-
-      member?(key) ->
-        :ok
-
-      insert_new(key) ->
-        send(keeper, {:track, [{token, buffer, :adopted}]})
-        share(buffer, keeper)
-
-      true ->
-        :ok
+    unless made_here?(token, origin) do
+      key = key(token)
+      if take_over?(key), do: adopt(token, buffer, keeper)
     end
 
     :ok
+  end
+
+  # The keeper's own hold comes first: once it tracks the token, it ends the hold of a
+  # hand-over of this buffer (hand_over/3), if any.
+  defp adopt(token, buffer, keeper) do
+    share(buffer, keeper)
+    send(keeper, {:track, [{token, buffer, :adopted}]})
   end
 
   # A token made here is a binary of its own, the one the keeper tracks (a copy that came back
@@ -187,17 +185,21 @@ defmodule XlaNode.Keeper do
     :exit, _reason -> :ok
   end
 
-  # Whether a token of this key is tracked here (true also when the table went with a keeper
-  # that stopped: there is nothing to hold with).
-  defp member?(key) do
-    :ets.member(@table, key)
-  rescue
-    ArgumentError -> true
-  end
+  # Whether this process is the one to take the key over: none of this node's processes has
+  # (`{key}` in the table), or one was handed it (`{key, :handed}`) and none has used it yet.
+  # Atomic: of several processes using the token at once, one takes it over. False also when
+  # the table went with a keeper that stopped: there is nothing to hold with.
+  defp take_over?(key) do
+    case :ets.lookup(@table, key) do
+      [{_key}] ->
+        false
 
-  # Whether this process is the one to take the key over.
-  defp insert_new(key) do
-    :ets.insert_new(@table, {key})
+      [{_key, :handed}] ->
+        :ets.select_replace(@table, [{{key, :handed}, [], [{{{:const, key}}}]}]) == 1
+
+      [] ->
+        :ets.insert_new(@table, {key})
+    end
   rescue
     ArgumentError -> false
   end
@@ -206,6 +208,70 @@ defmodule XlaNode.Keeper do
     do:
       byte_size(token) >= @smallest and byte_size(token) < @smallest + @sizes and
         match?(<<_::64, _::64, _::binary>>, token)
+
+  @doc """
+  Hands the buffers of `items` (`{token, buffer}` pairs that a process of this node holds) to
+  `pid`, a process of another BEAM node, so that a message carrying them can be sent there
+  and dropped here at once: `pid`'s node's keeper holds each buffer until a process of that
+  node first uses it (`hold/2`: its keeper then holds it for as long as any process there
+  holds the token, as for any tensor taken over), or until `pid` exits. Call it before the
+  message goes, while this process still holds the tokens; it returns once the holds are
+  taken (a round trip to `pid`'s node, and one from there to each buffer's node). A no-op
+  for a `pid` of this node (the runtime counts its holders) or an empty list.
+
+  A hold taken here outlives nothing: a tensor `pid` never uses is released when `pid` exits
+  (its node going down releases it too), and one used there is held by its token from then
+  on, whoever on that node holds it.
+
+      # In a process of this node, about to send `{buffer, token}` to `pid` on another node:
+      :ok = XlaNode.Keeper.hand_over([{token, buffer}], pid)
+      send(pid, {:params, {buffer, token}})
+
+  Errors: `:noproc` when `pid`'s node does not run the client's application (nothing there
+  could hold the buffers), `:nodedown`, `:timeout`.
+  """
+  @spec hand_over([{token(), reference()}], pid(), timeout()) ::
+          :ok | {:error, XlaNode.Error.t()}
+  def hand_over(items, pid, timeout \\ 60_000)
+
+  def hand_over(items, pid, _timeout) when is_list(items) and is_pid(pid) and node(pid) == node(),
+    do: :ok
+
+  def hand_over([], pid, _timeout) when is_pid(pid), do: :ok
+
+  def hand_over(items, pid, timeout) when is_list(items) and is_pid(pid) do
+    keyed =
+      for {token, buffer} <- items, uniq: true do
+        unless is_binary(token) and token?(token) and is_reference(buffer) do
+          raise ArgumentError,
+                "hand_over/3 takes {token, buffer} pairs (a token made by track/1, a buffer " <>
+                  "reference), got: #{inspect({token, buffer}, limit: 8)}"
+        end
+
+        {key(token), buffer}
+      end
+
+    keeper = {__MODULE__, node(pid)}
+
+    try do
+      GenServer.call(keeper, {:hand_over, pid, keyed}, timeout)
+    catch
+      :exit, reason ->
+        case XlaNode.Error.from_exit(reason, keeper) do
+          %{kind: :noproc} = error ->
+            {:error,
+             %{
+               error
+               | message:
+                   "no XlaNode.Keeper on #{inspect(node(pid))}: start the :xla_node_client " <>
+                     "application there, whose keeper holds the buffers of its processes"
+             }}
+
+          error ->
+            {:error, error}
+        end
+    end
+  end
 
   @doc """
   Runs a sweep now and returns what it did: `released` (buffers released by this sweep), and
@@ -237,7 +303,8 @@ defmodule XlaNode.Keeper do
   @doc """
   The keeper's figures: `live` (tokens tracked), `tracked` and `released` (since it started),
   `sweeps`, `sweep_us` (their time, learning the tokens' ids included), `last_sweep_us` (the
-  last one's) and `interval_ms` (the wait before the next timed one).
+  last one's), `interval_ms` (the wait before the next timed one) and `handed` (buffers handed
+  over to this node's processes by `hand_over/3` and not used here yet).
   """
   @spec stats(timeout()) :: map()
   def stats(timeout \\ 60_000), do: GenServer.call(__MODULE__, :stats, timeout)
@@ -285,7 +352,12 @@ defmodule XlaNode.Keeper do
        # allows.
        interval: @min_interval_ms,
        floor: @min_interval_ms,
-       stats: %{tracked: 0, released: 0, sweeps: 0, last_sweep_us: 0, sweep_us: 0}
+       stats: %{tracked: 0, released: 0, sweeps: 0, last_sweep_us: 0, sweep_us: 0},
+       # Buffers handed to processes of this node by another node's (hand_over/3), not used
+       # here yet: key => {buffer, the processes handed it}, one hold of this process each;
+       # and pid => {its monitor, the keys handed it}.
+       pins: %{},
+       pinned_by: %{}
      }}
   end
 
@@ -299,14 +371,36 @@ defmodule XlaNode.Keeper do
   end
 
   def handle_call(:stats, _from, state) do
-    stats = Map.merge(state.stats, %{live: live(state), interval_ms: state.interval})
+    stats =
+      Map.merge(state.stats, %{
+        live: live(state),
+        interval_ms: state.interval,
+        handed: map_size(state.pins)
+      })
+
     {:reply, stats, state}
+  end
+
+  def handle_call({:hand_over, pid, keyed}, _from, state) do
+    new = for {key, buffer} <- keyed, not is_map_key(state.pins, key), do: buffer
+
+    # A cast per node, then a call after it: the :xla server takes a process's messages in
+    # order, and a share of a buffer that is gone already is skipped (its next use says so).
+    for {node, buffers} <- Enum.group_by(new, &node/1) do
+      GenServer.cast({:xla, node}, {:share, buffers, self()})
+      XlaNode.ping(node, timeout: 5_000)
+    end
+
+    # Marked once held: a process of this node that uses the token takes it over.
+    for {key, _buffer} <- keyed, do: :ets.insert(@table, {key, :handed})
+    {:reply, :ok, pin(keyed, pid, state)}
   end
 
   @impl true
   def handle_info({:track, items}, state) do
     # The tracks queued behind this one too, without a callback each.
     {pending, count} = drain([items | state.pending], length(items), @drain)
+    state = unpin_adopted(pending, count, state)
 
     state = %{
       state
@@ -333,7 +427,102 @@ defmodule XlaNode.Keeper do
     {:noreply, state}
   end
 
+  def handle_info({:DOWN, monitor, :process, pid, _reason}, state)
+      when is_map_key(state.pinned_by, pid) do
+    case Map.pop(state.pinned_by, pid) do
+      {{^monitor, keys}, pinned_by} ->
+        {:noreply, unpin(keys, pid, %{state | pinned_by: pinned_by})}
+
+      _other ->
+        {:noreply, state}
+    end
+  end
+
   def handle_info(_other, state), do: {:noreply, state}
+
+  defp pin(keyed, pid, state) do
+    pins =
+      Enum.reduce(keyed, state.pins, fn {key, buffer}, pins ->
+        Map.update(pins, key, {buffer, MapSet.new([pid])}, fn {buffer, pids} ->
+          {buffer, MapSet.put(pids, pid)}
+        end)
+      end)
+
+    keys = MapSet.new(keyed, &elem(&1, 0))
+
+    pinned_by =
+      Map.update(state.pinned_by, pid, {Process.monitor(pid), keys}, fn {monitor, held} ->
+        {monitor, MapSet.union(held, keys)}
+      end)
+
+    %{state | pins: pins, pinned_by: pinned_by}
+  end
+
+  # `pid` exited: the buffers handed to it and to no other process still here are released.
+  defp unpin(keys, pid, state) do
+    {unpinned, pins} =
+      Enum.reduce(keys, {[], state.pins}, fn key, {unpinned, pins} ->
+        case pins do
+          %{^key => {buffer, pids}} ->
+            pids = MapSet.delete(pids, pid)
+
+            if MapSet.size(pids) == 0,
+              do: {[{key, buffer} | unpinned], Map.delete(pins, key)},
+              else: {unpinned, %{pins | key => {buffer, pids}}}
+
+          %{} ->
+            {unpinned, pins}
+        end
+      end)
+
+    for {key, _buffer} <- unpinned, do: :ets.delete_object(@table, {key, :handed})
+    release_pins(unpinned, %{state | pins: pins})
+  end
+
+  # Tokens taken over here (hold/2, whose own hold came first) end the holds of their buffers'
+  # hand-overs.
+  defp unpin_adopted(_pending, _count, %{pins: pins} = state) when map_size(pins) == 0,
+    do: state
+
+  defp unpin_adopted(pending, _count, state) do
+    adopted =
+      for items <- pending,
+          {token, _buffer, :adopted} <- items,
+          key = key(token),
+          is_map_key(state.pins, key),
+          uniq: true,
+          do: key
+
+    {unpinned, pins} = Map.split(state.pins, adopted)
+
+    pinned_by =
+      Enum.reduce(unpinned, state.pinned_by, fn {key, {_buffer, pids}}, pinned_by ->
+        Enum.reduce(pids, pinned_by, fn pid, pinned_by ->
+          case pinned_by do
+            %{^pid => {monitor, keys}} ->
+              keys = MapSet.delete(keys, key)
+
+              if MapSet.size(keys) == 0 do
+                Process.demonitor(monitor, [:flush])
+                Map.delete(pinned_by, pid)
+              else
+                %{pinned_by | pid => {monitor, keys}}
+              end
+
+            %{} ->
+              pinned_by
+          end
+        end)
+      end)
+
+    unpinned = for {key, {buffer, _pids}} <- unpinned, do: {key, buffer}
+    release_pins(unpinned, %{state | pins: pins, pinned_by: pinned_by})
+  end
+
+  defp release_pins(unpinned, state) do
+    released = for {_key, buffer} <- unpinned, not is_map_key(state.freed, buffer), do: buffer
+    release_buffers(released, state)
+  end
 
   @impl true
   def terminate(_reason, _state) do
@@ -469,11 +658,16 @@ defmodule XlaNode.Keeper do
   defp release(gone, state) do
     released =
       for item <- gone, buffer = elem(item, 1), not is_map_key(state.freed, buffer) do
-        with {token, _buffer, :adopted} <- item, do: :ets.delete(@table, key(token))
+        with {token, _buffer, :adopted} <- item, do: :ets.delete_object(@table, {key(token)})
         buffer
       end
 
-    by_node = Enum.group_by(released, &node/1)
+    release_buffers(released, state)
+  end
+
+  # One hold of this process on each buffer ends: one cast per node.
+  defp release_buffers(buffers, state) do
+    by_node = Enum.group_by(buffers, &node/1)
     for {node, refs} <- by_node, do: GenServer.cast({:xla, node}, {:release, refs, self()})
     %{state | released_to: Enum.uniq(Map.keys(by_node) ++ state.released_to)}
   end

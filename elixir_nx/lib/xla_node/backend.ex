@@ -66,7 +66,8 @@ defmodule XlaNode.Backend do
   `Agent`, a GenServer's state or an ETS table lives as long as they hold it; what a
   long-lived process drops goes without anything else to do. A tensor sent to a process on
   another node of the cluster lives there from the first time that process uses it (its
-  node's client takes it over then), until no node holds it.
+  node's client takes it over then), until no node holds it; `hand_over/2` makes it live
+  there from before it is sent, so that the sender may drop it at once.
 
   To free at once rather than when the garbage is collected: `Nx.backend_deallocate/1` (sent
   with this process's next request to the node, or a millisecond later:
@@ -180,6 +181,39 @@ defmodule XlaNode.Backend do
   """
   @spec free_all(term()) :: :ok
   def free_all(term), do: term |> Scope.buffers() |> Scope.free()
+
+  @doc """
+  Hands the tensors inside `term` (a tensor, or a container however nested) to `pid`, a
+  process of another node of the cluster, before this process sends them there; returns
+  `term`, so that it fits in the message:
+
+      send(pid, {:params, XlaNode.Backend.hand_over(params, pid)})
+
+  A tensor sent to another node lives there from the first time a process of that node uses
+  it (its node's client takes it over then); until then, only the node it came from holds
+  it. After `hand_over/2` it lives until a process of `pid`'s node first uses it, and from
+  then while any process there holds it, whatever this node does; a tensor `pid` never uses
+  goes when `pid` exits. It returns once `pid`'s node holds the buffers: one round trip to
+  that node, and one from there to the compute node. A no-op for a `pid` of this node,
+  whose processes hold what they are sent already, and for tensors that are not on a node.
+
+  Raises `XlaNode.Error`: `:noproc` when `pid`'s node does not run the client's application
+  (`:xla_node_client`, whose `XlaNode.Keeper` holds its processes' tensors), `:nodedown`,
+  `:timeout` (after `:timeout`, 60 s by default).
+  """
+  @spec hand_over(term, pid(), keyword()) :: term when term: term()
+  def hand_over(term, pid, opts \\ []) when is_pid(pid) and is_list(opts) do
+    timeout = Keyword.get(opts, :timeout, 60_000)
+
+    if node(pid) != node() do
+      case XlaNode.Keeper.hand_over(Scope.tokens(term), pid, timeout) do
+        :ok -> :ok
+        {:error, error} -> raise error
+      end
+    end
+
+    term
+  end
 
   @impl true
   def init(opts) do

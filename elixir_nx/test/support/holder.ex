@@ -15,6 +15,12 @@ defmodule XlaNode.NxTest.Holder do
   def hold(holder, tensors), do: request(holder, {:hold, tensors})
 
   @doc """
+  Holds `tensors` too, without using them (until `sums/1`); returns `:ok`. A message
+  `{:params, tensors}` sent to the holder does the same, unanswered.
+  """
+  def keep(holder, tensors), do: request(holder, {:keep, tensors})
+
+  @doc """
   Runs `fun` in the holder's process, holds the tensors (a list) it returns, and returns their
   sums: `fun` may start tasks, whose caller is then the holder.
   """
@@ -53,6 +59,14 @@ defmodule XlaNode.NxTest.Holder do
     receive do
       {{:hold, tensors}, from, ref} ->
         send(from, {ref, sums_of(tensors)})
+        loop(held ++ tensors)
+
+      {{:keep, tensors}, from, ref} ->
+        send(from, {ref, :ok})
+        loop(held ++ tensors)
+
+      # As an application's process is sent them: kept, not used.
+      {:params, tensors} ->
         loop(held ++ tensors)
 
       {{:await, fun}, from, ref} ->

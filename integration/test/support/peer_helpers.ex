@@ -195,7 +195,8 @@ defmodule XlaNode.PeerHelpers do
   application's process would, in its state, used later: `{:hold, pairs, from}` keeps `pairs`
   and answers `:holds`; `{:await, fun, from}` runs `fun` in a `Task` and awaits it, as
   `Task.async/1` and `Task.await/1` do, keeps the pairs it returns, and answers `{:buffers,
-  buffers}` (the references only); `{:read, node, from}` reads each buffer it holds from
+  buffers}` (the references only); `{:use, from}` uses what it holds (`XlaNode.Keeper.hold/2`
+  on each pair) and answers `:used`; `{:read, node, from}` reads each buffer it holds from
   `{:xla, node}` and answers `{:read, results}`; `{:drop, from}` drops all, collects its
   garbage and answers `:dropped`. `keep?`: whether it tells its node's `XlaNode.Keeper` it holds
   each pair (`XlaNode.Keeper.hold/2`, what `XlaNode.Backend` does on each use). Returns its pid.
@@ -217,6 +218,11 @@ defmodule XlaNode.PeerHelpers do
         pairs = fun |> Task.async() |> Task.await(60_000)
         send(from, {:buffers, Enum.map(pairs, &elem(&1, 0))})
         term_holder(keep?, pairs ++ held)
+
+      {:use, from} ->
+        Enum.each(held, fn {buffer, token} -> XlaNode.Keeper.hold(token, buffer) end)
+        send(from, :used)
+        term_holder(keep?, held)
 
       {:read, node, from} ->
         results = for {buffer, _token} <- held, do: call({:xla, node}, {:read, buffer})

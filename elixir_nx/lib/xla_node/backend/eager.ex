@@ -52,7 +52,12 @@ defmodule XlaNode.Backend.Eager do
 
           Transfer.data(
             node,
-            Transfer.run!(node, exe, args, [keep_on_device: true] ++ Transfer.owner() ++ priority())
+            Transfer.run!(
+              node,
+              exe,
+              args,
+              [keep_on_device: true] ++ Transfer.owner() ++ priority()
+            )
           )
 
         _ ->

@@ -68,21 +68,45 @@ defmodule XlaNode.Backend.Scope do
   """
   def buffers(term), do: term |> held() |> MapSet.to_list()
 
-  defp held(term), do: held(term, MapSet.new())
+  @doc """
+  The `{token, buffer}` of every `XlaNode.Backend` tensor inside a term that `XlaNode.Keeper`
+  tracks, however nested, each once.
+  """
+  def tokens(term) do
+    term
+    |> reduce_data([], fn
+      %XlaNode.Backend{buffer: buffer, token: token}, acc
+      when is_reference(buffer) and is_binary(token) ->
+        [{token, buffer} | acc]
 
-  defp held(%Nx.Tensor{data: %XlaNode.Backend{buffer: buffer}}, acc) when is_reference(buffer),
-    do: MapSet.put(acc, buffer)
+      _data, acc ->
+        acc
+    end)
+    |> Enum.uniq()
+  end
 
-  defp held(%Nx.Tensor{}, acc), do: acc
-  defp held(list, acc) when is_list(list), do: Enum.reduce(list, acc, &held/2)
+  defp held(term) do
+    reduce_data(term, MapSet.new(), fn
+      %XlaNode.Backend{buffer: buffer}, acc when is_reference(buffer) -> MapSet.put(acc, buffer)
+      _data, acc -> acc
+    end)
+  end
 
-  defp held(tuple, acc) when is_tuple(tuple),
-    do: tuple |> Tuple.to_list() |> Enum.reduce(acc, &held/2)
+  # `fun` over the data of every XlaNode.Backend tensor inside a term.
+  defp reduce_data(%Nx.Tensor{data: %XlaNode.Backend{} = data}, acc, fun), do: fun.(data, acc)
+  defp reduce_data(%Nx.Tensor{}, acc, _fun), do: acc
 
-  defp held(%_{} = struct, acc), do: struct |> Map.from_struct() |> held(acc)
+  defp reduce_data(list, acc, fun) when is_list(list),
+    do: Enum.reduce(list, acc, &reduce_data(&1, &2, fun))
 
-  defp held(%{} = map, acc),
-    do: Enum.reduce(map, acc, fn {k, v}, acc -> held(v, held(k, acc)) end)
+  defp reduce_data(tuple, acc, fun) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> reduce_data(acc, fun)
 
-  defp held(_other, acc), do: acc
+  defp reduce_data(%_{} = struct, acc, fun),
+    do: struct |> Map.from_struct() |> reduce_data(acc, fun)
+
+  defp reduce_data(%{} = map, acc, fun),
+    do: Enum.reduce(map, acc, fn {k, v}, acc -> reduce_data(v, reduce_data(k, acc, fun), fun) end)
+
+  defp reduce_data(_other, acc, _fun), do: acc
 end
