@@ -67,6 +67,25 @@ defmodule XlaNode.KeeperTest do
     assert_receive :dropped, 5_000
   end
 
+  # A buffer made in a Task of `local`, sent to `to` (handed over to it first when
+  # `hand_over?`), then dropped by `local`: only `to` holds its token afterwards.
+  defp sent_and_dropped(node, local, to, values, hand_over?) do
+    test = self()
+
+    [buffer] =
+      made_in(local, fn ->
+        {buffer, token} = pair = kept(node, values)
+        if hand_over?, do: :ok = Keeper.hand_over([{token, buffer}], to)
+        send(to, {:hold, [pair], test})
+        [pair]
+      end)
+
+    assert_receive :holds, 5_000
+    drop(local)
+    sweep()
+    buffer
+  end
+
   # Sweeps until the keeper has learnt every token and read their counts twice over.
   defp sweep do
     Keeper.sweep()
@@ -158,17 +177,8 @@ defmodule XlaNode.KeeperTest do
     test = self()
 
     # Made here, sent to the remote holder (which tells its node's keeper it holds it), and
-    # held here only by `local`.
-    [buffer] =
-      made_in(local, fn ->
-        pair = kept(node, [4.0])
-        send(remote, {:hold, [pair], test})
-        [pair]
-      end)
-
-    assert_receive :holds, 5_000
-    drop(local)
-    sweep()
+    # dropped here.
+    buffer = sent_and_dropped(node, local, remote, [4.0], false)
     Process.sleep(100)
     assert buffers(node) == n0 + 1
     assert read(node, buffer) == {:ok, [4.0]}
@@ -209,38 +219,18 @@ defmodule XlaNode.KeeperTest do
     # They keep what they are sent without using it until told to.
     remote = Harness.peer_call(peer, PeerHelpers, :spawn_term_holder, [false])
     idle = Harness.peer_call(peer, PeerHelpers, :spawn_term_holder, [false])
-    test = self()
     handed = fn -> Harness.peer_call(peer, Keeper, :stats, []).handed end
 
     # Without a hand-over, a buffer sent there and dropped here goes before its first use there.
-    [control] =
-      made_in(local, fn ->
-        pair = kept(node, [1.0])
-        send(remote, {:hold, [pair], test})
-        [pair]
-      end)
-
-    assert_receive :holds, 5_000
-    drop(local)
-    sweep()
+    control = sent_and_dropped(node, local, remote, [1.0], false)
     assert buffers_come_to?(node, n0)
     assert read(node, control) == {:error, :argument_error}
     send(remote, {:drop, self()})
     assert_receive :dropped, 5_000
 
     # Handed over first: held there until used, whatever this node does.
-    [buffer] =
-      made_in(local, fn ->
-        {buffer, token} = pair = kept(node, [4.0])
-        :ok = Keeper.hand_over([{token, buffer}], remote)
-        send(remote, {:hold, [pair], test})
-        [pair]
-      end)
-
-    assert_receive :holds, 5_000
+    buffer = sent_and_dropped(node, local, remote, [4.0], true)
     assert handed.() == 1
-    drop(local)
-    sweep()
     Process.sleep(100)
     assert buffers(node) == n0 + 1
     assert read(node, buffer) == {:ok, [4.0]}
@@ -262,17 +252,7 @@ defmodule XlaNode.KeeperTest do
     assert buffers_come_to?(node, n0)
 
     # Handed to a process that never uses it: it goes when that process exits.
-    [buffer] =
-      made_in(local, fn ->
-        {buffer, token} = pair = kept(node, [5.0])
-        :ok = Keeper.hand_over([{token, buffer}], idle)
-        send(idle, {:hold, [pair], test})
-        [pair]
-      end)
-
-    assert_receive :holds, 5_000
-    drop(local)
-    sweep()
+    buffer = sent_and_dropped(node, local, idle, [5.0], true)
     Process.sleep(100)
     assert read(node, buffer) == {:ok, [5.0]}
     Harness.peer_call(peer, Process, :exit, [idle, :kill])
