@@ -2,7 +2,8 @@ defmodule XlaNode.DocExamplesTest do
   @moduledoc """
   Every example in the client's documentation that needs a node runs here, as written, against
   real nodes. The examples name the node `:"xla@host"` (a pool's, `:"xla1@host"` and
-  `:"xla2@host"`); those names become the nodes this module starts, and the kernel library an
+  `:"xla2@host"`; another node of the cluster running the client, `:"client@host"`); those
+  names become the nodes this module starts, and the kernel library an
   example loads becomes the suite's test kernel library. Examples written as doctests (`iex>`)
   run in the client's own tests, without a node.
 
@@ -36,6 +37,7 @@ defmodule XlaNode.DocExamplesTest do
       {~s(:"xla@host"), inspect(nodes.one)},
       {~s(:"xla1@host"), inspect(nodes.one)},
       {~s(:"xla2@host"), inspect(nodes.two)},
+      {~s(:"client@host"), inspect(nodes.client)},
       {~s("libmy_kernels.so"), inspect(Path.basename(Harness.kernel_library("02")))},
       {~s("AddScaled"), ~s("xn_add_scaled")}
     ]
@@ -58,7 +60,9 @@ defmodule XlaNode.DocExamplesTest do
       )
 
     two = Harness.start_node()
-    %{nodes: %{one: one.name, two: two.name}}
+    client = Harness.start_peer()
+    {:ok, _} = Harness.peer_call(client, XlaNode.PeerHelpers, :start_client, [])
+    %{nodes: %{one: one.name, two: two.name, client: client.node}}
   end
 
   for {module, entry, line, code} <- examples do

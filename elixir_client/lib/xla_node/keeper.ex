@@ -223,9 +223,15 @@ defmodule XlaNode.Keeper do
   (its node going down releases it too), and one used there is held by its token from then
   on, whoever on that node holds it.
 
-      # In a process of this node, about to send `{buffer, token}` to `pid` on another node:
+      # A process of another node of the cluster, running this client, that keeps what it gets.
+      pid = Node.spawn(:"client@host", fn -> receive do: ({:params, _} -> Process.sleep(:infinity)) end)
+
+      tensor = XlaNode.Tensor.from_list([1.0, 2.0], {:f, 32})
+      {:ok, buffer} = XlaNode.to_device(:"xla@host", tensor, owner: XlaNode.Keeper.owner())
+      [token] = XlaNode.Keeper.track([buffer])
       :ok = XlaNode.Keeper.hand_over([{token, buffer}], pid)
       send(pid, {:params, {buffer, token}})
+      # This process may drop both now: `pid`'s node holds the buffer.
 
   Errors: `:noproc` when `pid`'s node does not run the client's application (nothing there
   could hold the buffers), `:nodedown`, `:timeout`.

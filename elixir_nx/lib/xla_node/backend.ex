@@ -187,7 +187,14 @@ defmodule XlaNode.Backend do
   process of another node of the cluster, before this process sends them there; returns
   `term`, so that it fits in the message:
 
+      Nx.default_backend({XlaNode.Backend, node: :"xla@host"})
+      params = %{w: Nx.iota({4, 4}, type: :f32), b: Nx.iota({4}, type: :f32)}
+
+      # A process of another node of the cluster, running the client, that keeps what it gets.
+      pid = Node.spawn(:"client@host", fn -> receive do: ({:params, _} -> Process.sleep(:infinity)) end)
+
       send(pid, {:params, XlaNode.Backend.hand_over(params, pid)})
+      # This process may drop `params` now: `pid`'s node holds them.
 
   A tensor sent to another node lives there from the first time a process of that node uses
   it (its node's client takes it over then); until then, only the node it came from holds
