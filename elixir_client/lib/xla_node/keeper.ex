@@ -134,12 +134,12 @@ defmodule XlaNode.Keeper do
   `token` that came with it: a no-op for a token made here (no lookup: such a token is a
   binary of its own), or taken over here already (one table lookup); for any other (made on
   another node, or here but come back from another node, or before this keeper restarted) it
-  shares the buffer on
-  its node (`{:share, [buffer], keeper}`, a call: once this returns, the buffer stays while
-  this node's processes hold the token, whatever the other nodes do; one round trip, the first
-  time this node sees the token) and tracks this token. A buffer that is gone already stays
-  gone: the next request that uses it says so. Raises `ArgumentError` for a binary that is not
-  a token.
+  shares the buffer on its node (`{:share, [buffer], keeper}`, a call: once this returns, the
+  buffer stays while this node's processes hold the token, whatever the other nodes do; one
+  round trip, the first time this node sees the token) and tracks this token; a buffer handed
+  over to this node (`hand_over/3`) and not used here yet is taken over the same way, and the
+  hand-over's hold ends. A buffer that is gone already stays gone: the next request that uses
+  it says so. Raises `ArgumentError` for a binary that is not a token.
   """
   @spec hold(token(), reference()) :: :ok
   def hold(token, buffer) when is_binary(token) and is_reference(buffer) do
