@@ -12,7 +12,8 @@
 #   * the keeper's part, per tensor: its message, learning its id (a probe per 64 tokens), and
 #     the sweeps the tokens' arrival brings;
 #   * a sweep, with 1,000, 10,000 and 100,000 live tokens, per live token; and the keeper's
-#     memory per live token.
+#     memory per live token;
+#   * a hand-over of buffers to a process of another node (a peer VM running the client).
 #
 # Runs in the client's Mix project:
 #   cd elixir_client && elixir --sname NAME --cookie COOKIE -S mix run ../bench/lifetime.exs XLA_NODE_SNAME
@@ -206,3 +207,48 @@ IO.puts(
   "per tensor made and used once, with 10,000 live: #{B.us(total)}, " <>
     "#{B.pct(total, m_plain)} of the baseline request (target: under 5%)"
 )
+
+# A hand-over to a process of another node (XlaNode.Keeper.hand_over/3, what
+# XlaNode.Backend.hand_over/2 calls): a peer VM running the client, and a process there that
+# keeps what it is handed; each call hands buffers not handed before (so that the peer's keeper
+# takes its holds on them), of 1 and of 16 buffers, timed one by one, its median against the
+# baseline request.
+{:ok, peer, peer_node} =
+  :peer.start(%{
+    name: :"bench_lifetime_peer_#{System.pid()}",
+    args:
+      [~c"-setcookie", Atom.to_charlist(Node.get_cookie())] ++
+        Enum.flat_map(:code.get_path(), &[~c"-pa", &1]),
+    wait_boot: 30_000
+  })
+
+{:ok, _} = :erpc.call(peer_node, Application, :ensure_all_started, [:xla_node_client])
+receiver = Node.spawn(peer_node, Process, :sleep, [:infinity])
+
+for count <- [1, 16] do
+  calls = 200
+
+  batches =
+    for _ <- 1..calls do
+      buffers =
+        for _ <- 1..count,
+            do: XlaNode.to_device!(xla, {<<0::128>>, {{:f, 32}, [4]}}, owner: Keeper.owner())
+
+      Enum.zip(Keeper.track(buffers), buffers)
+    end
+
+  times =
+    for pairs <- batches do
+      Bench.Timing.time(fn -> :ok = Keeper.hand_over(pairs, receiver) end)
+    end
+
+  m = B.median(times)
+
+  IO.puts(
+    "hand_over of #{count} buffer(s) to a process of another node: #{B.us(m)} median " <>
+      "(#{:erlang.float_to_binary(m / m_plain, decimals: 2)}x the baseline request)"
+  )
+end
+
+Process.exit(receiver, :kill)
+:peer.stop(peer)
