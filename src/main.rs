@@ -127,7 +127,7 @@ struct Cli {
     #[arg(long, env = "XLA_NODE_CALLBACK_SPIN_US", default_value_t = 200)]
     callback_spin_us: u64,
     /// Microseconds one thread keeps a CPU busy (yielding it to any thread with work) after each
-    /// message the node receives or sends, so that the next request finds a CPU awake, as the
+    /// message the node sends, so that the next request finds a CPU awake, as the
     /// BEAM's scheduler busy wait (`erl +sbwt`); also how long an executor thread polls for its
     /// next job after one (unless runs that call back are about), so that a run handed to it
     /// needs no wake-up. 0: never.

@@ -7,9 +7,12 @@
 //! client that calls again soon after its reply finds a CPU awake.
 //!
 //! The busy thread only calls `sched_yield`, so any thread with work to do takes the CPU from it
-//! at once. Each message received or sent moves its deadline; once a window passes without
-//! traffic it sleeps until the next message, so an idle node costs no CPU. A window of zero
-//! starts no thread.
+//! at once. Each message sent moves its deadline and wakes it if it sleeps; a message received
+//! moves the deadline of a thread that spins, but does not wake a sleeping one: the message is
+//! being handled on a CPU that is awake, and a spinner woken beside that work only takes a CPU
+//! from it (and, on two CPUs, from the client's node that waits for the reply: a request after
+//! 2 ms of quiet answered in twice the time). Once a window passes without traffic it sleeps
+//! until the next message sent, so an idle node costs no CPU. A window of zero starts no thread.
 //!
 //! While busy, the thread counts itself in [`BusyWait::busy_threads`], the count that threads
 //! polling for callback replies also claim their places from: a CPU already kept awake needs no
@@ -132,8 +135,19 @@ impl BusyWait {
         &self.busy_threads
     }
 
-    /// Traffic: keeps a CPU busy for the next window. An atomic store and load, plus a wake-up
-    /// when the thread sleeps.
+    /// A message received: a thread that spins keeps spinning for the next window, one that
+    /// sleeps sleeps on. The node is handling the message on a CPU that is awake; waking the
+    /// spinner now would only take a CPU from that handling (on two CPUs, from the reply's way
+    /// back to a client on the same machine). One atomic store.
+    pub fn extend(&self) {
+        if let Some((shared, _)) = &self.running {
+            let until = shared.now() + shared.window.as_nanos() as u64;
+            shared.busy_until.store(until, Ordering::SeqCst);
+        }
+    }
+
+    /// A message sent: keeps a CPU busy for the next window, for the request that may answer
+    /// it. An atomic store and load, plus a wake-up when the thread sleeps.
     pub fn arm(&self) {
         let Some((shared, thread)) = &self.running else {
             return;
@@ -234,6 +248,26 @@ mod tests {
         // Asleep now: the next message wakes it again.
         busy.arm();
         assert!(busy.is_busy());
+    }
+
+    #[test]
+    fn a_message_received_keeps_a_spinning_thread_busy_but_does_not_wake_a_sleeping_one() {
+        let busy = BusyWait::start(Duration::from_millis(100)).unwrap();
+        // Asleep: it started without traffic (a thread not yet asleep spins on, as it should).
+        std::thread::sleep(Duration::from_millis(20));
+        busy.extend();
+        assert!(!busy.is_busy(), "woken by a message received");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(busy.busy_threads().load(Ordering::Relaxed), 0);
+        // Spinning (after a message sent), received messages keep it so past its window.
+        busy.arm();
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            busy.extend();
+            assert!(busy.is_busy(), "stopped spinning while messages came in");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(eventually(|| !busy.is_busy()), "still busy long after");
     }
 
     #[test]

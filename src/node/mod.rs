@@ -329,9 +329,10 @@ impl Node {
         self.inner.busy_wait.arm();
     }
 
-    /// A message came in from a peer: keep a CPU awake for what follows (see [`busy_wait`]).
+    /// A message came in from a peer: a CPU kept awake stays so for what follows, without a
+    /// wake-up of its own (see [`busy_wait`]).
     pub(crate) fn traffic(&self) {
-        self.inner.busy_wait.arm();
+        self.inner.busy_wait.extend();
     }
 
     /// Keeps the busy-waiting thread from spinning until the hold is dropped: while XLA's
