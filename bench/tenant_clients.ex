@@ -86,6 +86,68 @@ defmodule Bench.TenantClients do
     end
   end
 
+  @doc """
+  A BEAM process standing in for the compute node: it answers `{:echo, from, ref, term}` with
+  `{ref, term}`, each from a process of its own (as the node runs requests side by side), and
+  `{:ping, from, ref}` with `{ref, :pong}`.
+  """
+  def echo_server do
+    spawn(fn -> echo_loop() end)
+  end
+
+  defp echo_loop do
+    receive do
+      {:echo, from, ref, term} -> spawn(fn -> send(from, {ref, term}) end)
+      {:ping, from, ref} -> send(from, {ref, :pong})
+    end
+
+    echo_loop()
+  end
+
+  @doc """
+  `count` calls of `server` (an `echo_server/0`, maybe on another node), one after another with
+  `think_ms` between them; the microseconds each took, as `latencies/6` gives for runs.
+  """
+  def echo_latencies(server, count, think_ms) do
+    for _ <- 1..count do
+      Process.sleep(think_ms)
+      t0 = System.monotonic_time(:nanosecond)
+      ref = make_ref()
+      send(server, {:ping, self(), ref})
+      receive(do: ({^ref, :pong} -> :ok))
+      (System.monotonic_time(:nanosecond) - t0) / 1000
+    end
+  end
+
+  @doc """
+  As `start_load/5`, with `server` (an `echo_server/0`) in the node's place: `procs` processes
+  that each send it `bytes` and wait for them back, over and over until `stop/1`.
+  """
+  def start_echo_load(server, bytes, procs) do
+    spawn(fn ->
+      payload = :binary.copy(<<1>>, bytes)
+      counter = :counters.new(1, [:atomics])
+      stop = :atomics.new(1, [])
+
+      workers =
+        for _ <- 1..procs do
+          spawn_link(fn -> echo_loop(server, payload, counter, stop) end)
+        end
+
+      serve_load(workers, counter, stop)
+    end)
+  end
+
+  defp echo_loop(server, payload, counter, stop) do
+    if :atomics.get(stop, 1) == 0 do
+      ref = make_ref()
+      send(server, {:echo, self(), ref, payload})
+      receive(do: ({^ref, _} -> :ok))
+      :counters.add(counter, 1, 1)
+      echo_loop(server, payload, counter, stop)
+    end
+  end
+
   @doc "Stops a load started by `start_load/4`; the runs it completed."
   def stop(load) do
     send(load, {:stop, self()})

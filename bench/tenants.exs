@@ -19,7 +19,10 @@
 # Reported: the tiny runs' median and p99 latency (the call to the reply, on the client node),
 # unloaded and flooded, with the flooded over the unloaded (the target: p99 <= 2x); the
 # node's own queue wait for them (`:info`'s tenants) where the build has it; the flood's runs
-# per second.
+# per second. And, once per round, the same between BEAM nodes alone: the tiny clients ping an
+# echo server on this node, unloaded and while the flood's node sends it the plain flood's
+# bytes (1 MiB each way per call, from as many processes): the tails the machine and its
+# loopback give such a flood without any xla_node.
 #
 # Weights: a node started with `--tenant bsmalla*:weight=3` (a build without weights gets the
 # same load unweighted); two client nodes each keep 40 runs in flight whose callback answers
@@ -89,7 +92,11 @@ defmodule Bench.Tenants do
           Map.update(acc, label, [measured], &(&1 ++ [measured]))
       end
 
+    # What the machine itself gives: the same clients and flood, with a BEAM node (this one)
+    # in the compute node's place, once per round.
+    beam = for _ <- 1..rounds, do: beam_shares(clients)
     report(builds, results)
+    report_beam(beam)
 
     if length(builds) == 1,
       do:
@@ -166,6 +173,35 @@ defmodule Bench.Tenants do
     }
   end
 
+  # The plain flood's shape between BEAM nodes alone: the tiny clients ping an echo server on
+  # this node, unloaded and while the flood's node sends it @large * 4 bytes from each of
+  # @flood_procs processes and waits for them back, as the plain flood's runs do.
+  defp beam_shares([flood, a, b]) do
+    server = Clients.echo_server()
+
+    small = fn ->
+      [a, b]
+      |> Enum.map(fn peer ->
+        args = [server, @tiny_runs, @think_ms]
+        Task.async(fn -> :erpc.call(peer, Clients, :echo_latencies, args, :infinity) end)
+      end)
+      |> Enum.flat_map(&Task.await(&1, :infinity))
+    end
+
+    for peer <- [a, b], do: :erpc.call(peer, Clients, :echo_latencies, [server, 20, 1], 60_000)
+    unloaded = small.()
+    load = :erpc.call(flood, Clients, :start_echo_load, [server, @large * 4, @flood_procs])
+    Process.sleep(1_000)
+    before = Clients.completed(load)
+    t0 = System.monotonic_time(:millisecond)
+    flooded = small.()
+    calls = Clients.completed(load) - before
+    elapsed_s = (System.monotonic_time(:millisecond) - t0) / 1000
+    Clients.stop(load)
+    Process.exit(server, :kill)
+    %{unloaded: unloaded, flooded: flooded, flood_per_s: calls / elapsed_s}
+  end
+
   defp weights(bin, cookie, [_flood, heavy, light]) do
     # A build without client nodes' weights (arrival order) gets the same load, unweighted.
     {help, 0} = System.cmd(bin, ["--help"])
@@ -224,6 +260,21 @@ defmodule Bench.Tenants do
       IO.puts(
         "  #{label}, round #{round}, weights 3:1 (runs held #{@weights_held_ms} ms): #{h}:#{l} runs in 3 s " <>
           "(#{ratio(h / max(l, 1))}:1; target 3:1 within 10%)"
+      )
+    end
+  end
+
+  defp report_beam(beam) do
+    for {%{unloaded: unloaded, flooded: flooded} = measured, round} <- Enum.with_index(beam, 1) do
+      {u50, u99} = {median(unloaded), p99(unloaded)}
+      {f50, f99} = {median(flooded), p99(flooded)}
+
+      IO.puts(
+        "  BEAM nodes alone (an echo server on a BEAM node in the compute node's place; the " <>
+          "flood's #{div(@large * 4, 1_048_576)} MiB sent and echoed), round #{round}: ping p50 " <>
+          "#{us(u50)} -> #{us(f50)} (#{ratio(f50 / u50)}x), p99 #{us(u99)} -> #{us(f99)} " <>
+          "(#{ratio(f99 / u99)}x); flood #{round(measured.flood_per_s)} calls/s: what the " <>
+          "machine gives beside the plain flood"
       )
     end
   end
