@@ -157,18 +157,23 @@ defmodule XlaNode.Keeper do
 
   defp hold(token, buffer, keeper, origin) do
     unless made_here?(token, origin) do
-      key = key(token)
-      if take_over?(key), do: adopt(token, buffer, keeper)
+      case take_over(key(token)) do
+        :new ->
+          send(keeper, {:track, [{token, buffer, :adopted}]})
+          share(buffer, keeper)
+
+        # The hold comes before the keeper tracks the token: tracking it ends the hand-over's
+        # hold, which may be all that keeps the buffer.
+        :handed ->
+          share(buffer, keeper)
+          send(keeper, {:track, [{token, buffer, :adopted}]})
+
+        nil ->
+          :ok
+      end
     end
 
     :ok
-  end
-
-  # The keeper's own hold comes first: once it tracks the token, it ends the hold of a
-  # hand-over of this buffer (hand_over/3), if any.
-  defp adopt(token, buffer, keeper) do
-    share(buffer, keeper)
-    send(keeper, {:track, [{token, buffer, :adopted}]})
   end
 
   # A token made here is a binary of its own, the one the keeper tracks (a copy that came back
@@ -185,23 +190,25 @@ defmodule XlaNode.Keeper do
     :exit, _reason -> :ok
   end
 
-  # Whether this process is the one to take the key over: none of this node's processes has
-  # (`{key}` in the table), or one was handed it (`{key, :handed}`) and none has used it yet.
-  # Atomic: of several processes using the token at once, one takes it over. False also when
-  # the table went with a keeper that stopped: there is nothing to hold with.
-  defp take_over?(key) do
+  # Whether this process is the one to take the key over, and how: `:new` when none of this
+  # node's processes has (no `{key}` in the table), `:handed` when one was handed it
+  # (`{key, :handed}`) and none has used it yet, `nil` otherwise. Atomic: of several processes
+  # using the token at once, one takes it over. `nil` also when the table went with a keeper
+  # that stopped: there is nothing to hold with.
+  defp take_over(key) do
     case :ets.lookup(@table, key) do
       [{_key}] ->
-        false
+        nil
 
       [{_key, :handed}] ->
-        :ets.select_replace(@table, [{{key, :handed}, [], [{{{:const, key}}}]}]) == 1
+        claimed? = :ets.select_replace(@table, [{{key, :handed}, [], [{{{:const, key}}}]}]) == 1
+        if claimed?, do: :handed
 
       [] ->
-        :ets.insert_new(@table, {key})
+        if :ets.insert_new(@table, {key}), do: :new
     end
   rescue
-    ArgumentError -> false
+    ArgumentError -> nil
   end
 
   defp token?(token),
@@ -247,14 +254,14 @@ defmodule XlaNode.Keeper do
 
   def hand_over(items, pid, timeout) when is_list(items) and is_pid(pid) do
     keyed =
-      for {token, buffer} <- items, uniq: true do
-        unless is_binary(token) and token?(token) and is_reference(buffer) do
-          raise ArgumentError,
-                "hand_over/3 takes {token, buffer} pairs (a token made by track/1, a buffer " <>
-                  "reference), got: #{inspect({token, buffer}, limit: 8)}"
-        end
+      for item <- items, uniq: true do
+        case item do
+          {token, buffer} when is_binary(token) and is_reference(buffer) ->
+            if token?(token), do: {key(token), buffer}, else: not_a_pair!(item)
 
-        {key(token), buffer}
+          _other ->
+            not_a_pair!(item)
+        end
       end
 
     keeper = {__MODULE__, node(pid)}
@@ -277,6 +284,12 @@ defmodule XlaNode.Keeper do
             {:error, error}
         end
     end
+  end
+
+  defp not_a_pair!(item) do
+    raise ArgumentError,
+          "hand_over/3 takes {token, buffer} pairs (a token made by track/1, a buffer " <>
+            "reference), got: #{inspect(item, limit: 8)}"
   end
 
   @doc """
@@ -360,7 +373,7 @@ defmodule XlaNode.Keeper do
        floor: @min_interval_ms,
        stats: %{tracked: 0, released: 0, sweeps: 0, last_sweep_us: 0, sweep_us: 0},
        # Buffers handed to processes of this node by another node's (hand_over/3), not used
-       # here yet: key => {buffer, the processes handed it}, one hold of this process each;
+       # here yet, each held once by this process: key => {buffer, the processes handed it};
        # and pid => {its monitor, the keys handed it}.
        pins: %{},
        pinned_by: %{}
@@ -406,7 +419,7 @@ defmodule XlaNode.Keeper do
   def handle_info({:track, items}, state) do
     # The tracks queued behind this one too, without a callback each.
     {pending, count} = drain([items | state.pending], length(items), @drain)
-    state = unpin_adopted(pending, count, state)
+    state = unpin_adopted(pending, state)
 
     state = %{
       state
@@ -487,10 +500,9 @@ defmodule XlaNode.Keeper do
 
   # Tokens taken over here (hold/2, whose own hold came first) end the holds of their buffers'
   # hand-overs.
-  defp unpin_adopted(_pending, _count, %{pins: pins} = state) when map_size(pins) == 0,
-    do: state
+  defp unpin_adopted(_pending, %{pins: pins} = state) when map_size(pins) == 0, do: state
 
-  defp unpin_adopted(pending, _count, state) do
+  defp unpin_adopted(pending, state) do
     adopted =
       for items <- pending,
           {token, _buffer, :adopted} <- items,
