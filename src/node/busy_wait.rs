@@ -10,9 +10,9 @@
 //! at once. Each message sent moves its deadline and wakes it if it sleeps; a message received
 //! moves the deadline of a thread that spins, but does not wake a sleeping one: the message is
 //! being handled on a CPU that is awake, and a spinner woken beside that work only takes a CPU
-//! from it (and, on two CPUs, from the client's node that waits for the reply: a request after
-//! 2 ms of quiet answered in twice the time). Once a window passes without traffic it sleeps
-//! until the next message sent, so an idle node costs no CPU. A window of zero starts no thread.
+//! from it (and, on two CPUs, from the client's node that waits for the reply; figures in
+//! docs/performance.md). Once a window passes without traffic it sleeps until the next message
+//! sent, so an idle node costs no CPU. A window of zero starts no thread.
 //!
 //! While busy, the thread counts itself in [`BusyWait::busy_threads`], the count that threads
 //! polling for callback replies also claim their places from: a CPU already kept awake needs no
