@@ -131,20 +131,20 @@ defmodule Bench.TenantClients do
 
       workers =
         for _ <- 1..procs do
-          spawn_link(fn -> echo_loop(server, payload, counter, stop) end)
+          spawn_link(fn -> echo_calls(server, payload, counter, stop) end)
         end
 
       serve_load(workers, counter, stop)
     end)
   end
 
-  defp echo_loop(server, payload, counter, stop) do
+  defp echo_calls(server, payload, counter, stop) do
     if :atomics.get(stop, 1) == 0 do
       ref = make_ref()
       send(server, {:echo, self(), ref, payload})
       receive(do: ({^ref, _} -> :ok))
       :counters.add(counter, 1, 1)
-      echo_loop(server, payload, counter, stop)
+      echo_calls(server, payload, counter, stop)
     end
   end
 
