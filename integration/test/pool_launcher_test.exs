@@ -113,7 +113,7 @@ defmodule XlaNode.PoolLauncherTest do
     exe = XlaNode.compile!(name, PoolHelpers.busy_sum(n))
     parent = self()
 
-    # Six callers run until three nodes serve, then 20 runs more each.
+    # Six callers run until three nodes serve (up, not only started), then 20 runs more each.
     callers =
       for c <- 1..6 do
         Task.async(fn ->
@@ -132,7 +132,7 @@ defmodule XlaNode.PoolLauncherTest do
             cond do
               more == 0 -> i
               more != nil -> loop.(loop, i + 1, more - 1)
-              length(launched(name)) == 3 -> loop.(loop, i + 1, 20)
+              length(for %{status: :up} <- launched(name), do: 1) == 3 -> loop.(loop, i + 1, 20)
               true -> loop.(loop, i + 1, nil)
             end
           end
