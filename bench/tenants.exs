@@ -149,12 +149,7 @@ defmodule Bench.Tenants do
         flood_delay
       ])
 
-    Process.sleep(1_000)
-    before = Clients.completed(load)
-    t0 = System.monotonic_time(:millisecond)
-    flooded = small.()
-    flood_runs = Clients.completed(load) - before
-    elapsed_s = (System.monotonic_time(:millisecond) - t0) / 1000
+    {flooded, flood_per_s} = beside(load, small)
     {:ok, info} = GenServer.call({:xla, node}, :info)
     Clients.stop(load)
     stop_node(port)
@@ -168,7 +163,7 @@ defmodule Bench.Tenants do
     %{
       unloaded: unloaded,
       flooded: flooded,
-      flood_per_s: flood_runs / elapsed_s,
+      flood_per_s: flood_per_s,
       node_waits: node_waits
     }
   end
@@ -191,15 +186,21 @@ defmodule Bench.Tenants do
     for peer <- [a, b], do: :erpc.call(peer, Clients, :echo_latencies, [server, 20, 1], 60_000)
     unloaded = small.()
     load = :erpc.call(flood, Clients, :start_echo_load, [server, @large * 4, @flood_procs])
+    {flooded, flood_per_s} = beside(load, small)
+    Clients.stop(load)
+    Process.exit(server, :kill)
+    %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_per_s}
+  end
+
+  # `measure`'s samples once `load` has run for a second, and the load's calls per second
+  # meanwhile.
+  defp beside(load, measure) do
     Process.sleep(1_000)
     before = Clients.completed(load)
     t0 = System.monotonic_time(:millisecond)
-    flooded = small.()
+    samples = measure.()
     calls = Clients.completed(load) - before
-    elapsed_s = (System.monotonic_time(:millisecond) - t0) / 1000
-    Clients.stop(load)
-    Process.exit(server, :kill)
-    %{unloaded: unloaded, flooded: flooded, flood_per_s: calls / elapsed_s}
+    {samples, calls * 1000 / (System.monotonic_time(:millisecond) - t0)}
   end
 
   defp weights(bin, cookie, [_flood, heavy, light]) do
