@@ -58,16 +58,21 @@ defmodule Bench.TenantClients do
   `run_options/1`.
   """
   def start_load(node, exe, n, procs, callback_delay_ms \\ nil) do
-    spawn(fn ->
+    start_calls(procs, fn ->
       request = {:run, exe, [ones(n)], run_options(callback_delay_ms)}
+      fn -> {:ok, [_]} = GenServer.call({:xla, node}, request, :infinity) end
+    end)
+  end
+
+  # A load: `procs` processes that each make one call over and over until `stop/1`, counted.
+  # `setup` runs in the load's own process (which then holds what it makes, such as a callback
+  # server) and returns the call.
+  defp start_calls(procs, setup) do
+    spawn(fn ->
+      call = setup.()
       counter = :counters.new(1, [:atomics])
       stop = :atomics.new(1, [])
-
-      workers =
-        for _ <- 1..procs do
-          spawn_link(fn -> loop(node, request, counter, stop) end)
-        end
-
+      workers = for _ <- 1..procs, do: spawn_link(fn -> loop(call, counter, stop) end)
       serve_load(workers, counter, stop)
     end)
   end
@@ -124,28 +129,15 @@ defmodule Bench.TenantClients do
   that each send it `bytes` and wait for them back, over and over until `stop/1`.
   """
   def start_echo_load(server, bytes, procs) do
-    spawn(fn ->
+    start_calls(procs, fn ->
       payload = :binary.copy(<<1>>, bytes)
-      counter = :counters.new(1, [:atomics])
-      stop = :atomics.new(1, [])
 
-      workers =
-        for _ <- 1..procs do
-          spawn_link(fn -> echo_calls(server, payload, counter, stop) end)
-        end
-
-      serve_load(workers, counter, stop)
+      fn ->
+        ref = make_ref()
+        send(server, {:echo, self(), ref, payload})
+        receive(do: ({^ref, _} -> :ok))
+      end
     end)
-  end
-
-  defp echo_calls(server, payload, counter, stop) do
-    if :atomics.get(stop, 1) == 0 do
-      ref = make_ref()
-      send(server, {:echo, self(), ref, payload})
-      receive(do: ({^ref, _} -> :ok))
-      :counters.add(counter, 1, 1)
-      echo_calls(server, payload, counter, stop)
-    end
   end
 
   @doc "Stops a load started by `start_load/4`; the runs it completed."
@@ -170,11 +162,11 @@ defmodule Bench.TenantClients do
     end
   end
 
-  defp loop(node, request, counter, stop) do
+  defp loop(call, counter, stop) do
     if :atomics.get(stop, 1) == 0 do
-      {:ok, [_]} = GenServer.call({:xla, node}, request, :infinity)
+      call.()
       :counters.add(counter, 1, 1)
-      loop(node, request, counter, stop)
+      loop(call, counter, stop)
     end
   end
 end
