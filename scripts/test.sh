@@ -89,7 +89,16 @@ scripts/sshd.sh
 output=$(mktemp)
 trap 'rm -f "$output"' EXIT
 summary=()
+failures=()
 failed=0
+# Each failure ExUnit printed in FILE: its heading, place, assertion and stack trace (at most 40
+# lines), without the log captured with it.
+failure_heads() {
+    awk '/^ +[0-9]+\) (test|doctest) / { on = 1; n = 0 }
+         on && /The following output was logged/ { on = 0 }
+         on && /^[^ ]/ { on = 0 }
+         on && n++ < 40 { print }' "$1"
+}
 cd integration
 for release in "${releases[@]}"; do
     label=$(cd "$repo" && describe "$release")
@@ -104,9 +113,16 @@ for release in "${releases[@]}"; do
         summary+=("  $label: passed: ${counts:-no count printed}")
     else
         summary+=("  $label: FAILED (exit status $status): ${counts:-no count printed}")
+        failures+=("$label:" "$(failure_heads "$output")")
         failed=1
     fi
 done
+# The failures again, without the logs captured beside them, where the end of a long output
+# (all a CI page may show) still has them.
+if [ "${#failures[@]}" -gt 0 ]; then
+    echo "integration suite failures:"
+    printf '%s\n' "${failures[@]}"
+fi
 echo "integration suite:"
 printf '%s\n' "${summary[@]}"
 exit "$failed"

@@ -114,6 +114,22 @@ defmodule XlaNode.PoolLauncherTest do
     parent = self()
 
     # Six callers run until three nodes serve (up, not only started), then 20 runs more each.
+    # The first to see three up takes their OS processes, while the load keeps them from idling.
+    first_to_see = :atomics.new(1, [])
+
+    three_up? = fn ->
+      case for(%{status: :up, node: node} <- launched(name), do: node) do
+        [_, _, _] = up ->
+          if :atomics.compare_exchange(first_to_see, 1, 0, 1) == :ok,
+            do: send(parent, {:three_up, up, os_pids(up)})
+
+          true
+
+        _ ->
+          false
+      end
+    end
+
     callers =
       for c <- 1..6 do
         Task.async(fn ->
@@ -132,7 +148,7 @@ defmodule XlaNode.PoolLauncherTest do
             cond do
               more == 0 -> i
               more != nil -> loop.(loop, i + 1, more - 1)
-              length(for %{status: :up} <- launched(name), do: 1) == 3 -> loop.(loop, i + 1, 20)
+              three_up?.() -> loop.(loop, i + 1, 20)
               true -> loop.(loop, i + 1, nil)
             end
           end
@@ -153,7 +169,8 @@ defmodule XlaNode.PoolLauncherTest do
     reasons = for %{event: :started, reason: r} <- status.launcher.events, do: r
     assert Enum.sort(reasons) == [:demand, :saturated, :saturated]
     nodes = Enum.map(status.nodes, & &1.node)
-    pids = os_pids(nodes)
+    assert_received {:three_up, up, pids}
+    assert Enum.sort(up) == Enum.sort(nodes)
     assert length(pids) == 3
 
     # The load is over: each stops once idle for 2 s, down to min: 0.
