@@ -93,8 +93,11 @@ defmodule Bench.TenantClients do
 
   @doc """
   A BEAM process standing in for the compute node: it answers `{:echo, from, ref, term}` with
-  `{ref, term}`, each from a process of its own (as the node runs requests side by side), and
-  `{:ping, from, ref}` with `{ref, :pong}`.
+  `{ref, term}`, each from a process of its own (as the node runs requests side by side);
+  `{:ping, from, ref}` with `{ref, :pong}`; and `{:relay, from, ref, term, callback}` as a run
+  that calls back does: from a process of its own, it sends `term` to `callback` (a
+  `callback_server/1`) in the node's callback message, and answers `{ref, term}` once that
+  answered.
   """
   def echo_server do
     spawn(fn -> echo_loop() end)
@@ -104,40 +107,69 @@ defmodule Bench.TenantClients do
     receive do
       {:echo, from, ref, term} -> spawn(fn -> send(from, {ref, term}) end)
       {:ping, from, ref} -> send(from, {ref, :pong})
+      {:relay, from, ref, term, callback} -> spawn(fn -> relay(from, ref, term, callback) end)
     end
 
     echo_loop()
   end
 
+  defp relay(from, ref, term, callback) do
+    call = make_ref()
+    send(callback, {:exla_runtime_call, 0, [{term, nil}], {self(), call}})
+    receive(do: ({^call, {:ok, [back]}} -> send(from, {ref, back})))
+  end
+
   @doc """
   `count` calls of `server` (an `echo_server/0`, maybe on another node), one after another with
-  `think_ms` between them; the microseconds each took, as `latencies/6` gives for runs.
+  `think_ms` between them; the microseconds each took, as `latencies/6` gives for runs. A ping,
+  or with `callback_delay_ms` an integer, a relay of 16 bytes through a callback server on this
+  node answering after that long (the shape of a run that calls back).
   """
-  def echo_latencies(server, count, think_ms) do
+  def echo_latencies(server, count, think_ms, callback_delay_ms \\ nil) do
+    message =
+      if callback_delay_ms,
+        do: relay_request(16, callback_delay_ms),
+        else: fn ref -> {:ping, self(), ref} end
+
     for _ <- 1..count do
       Process.sleep(think_ms)
       t0 = System.monotonic_time(:nanosecond)
       ref = make_ref()
-      send(server, {:ping, self(), ref})
-      receive(do: ({^ref, :pong} -> :ok))
+      send(server, message.(ref))
+      receive(do: ({^ref, _} -> :ok))
       (System.monotonic_time(:nanosecond) - t0) / 1000
     end
   end
 
   @doc """
   As `start_load/5`, with `server` (an `echo_server/0`) in the node's place: `procs` processes
-  that each send it `bytes` and wait for them back, over and over until `stop/1`.
+  that each send it `bytes` and wait for them back, over and over until `stop/1`; with
+  `callback_delay_ms` an integer, relayed through a callback server on this node answering after
+  that long.
   """
-  def start_echo_load(server, bytes, procs) do
+  def start_echo_load(server, bytes, procs, callback_delay_ms \\ nil) do
     start_calls(procs, fn ->
-      payload = :binary.copy(<<1>>, bytes)
+      message =
+        if callback_delay_ms do
+          relay_request(bytes, callback_delay_ms)
+        else
+          payload = :binary.copy(<<1>>, bytes)
+          fn ref -> {:echo, self(), ref, payload} end
+        end
 
       fn ->
         ref = make_ref()
-        send(server, {:echo, self(), ref, payload})
+        send(server, message.(ref))
         receive(do: ({^ref, _} -> :ok))
       end
     end)
+  end
+
+  # The message of a call relayed through a callback server made here, given its ref.
+  defp relay_request(bytes, callback_delay_ms) do
+    payload = :binary.copy(<<1>>, bytes)
+    callback = callback_server(callback_delay_ms)
+    fn ref -> {:relay, self(), ref, payload, callback} end
   end
 
   @doc "Stops a load started by `start_load/4`; the runs it completed."

@@ -19,10 +19,12 @@
 # Reported: the tiny runs' median and p99 latency (the call to the reply, on the client node),
 # unloaded and flooded, with the flooded over the unloaded (the target: p99 <= 2x); the
 # node's own queue wait for them (`:info`'s tenants) where the build has it; the flood's runs
-# per second. And, once per round, the same between BEAM nodes alone: the tiny clients ping an
-# echo server on this node, unloaded and while the flood's node sends it the plain flood's
-# bytes (1 MiB each way per call, from as many processes): the tails the machine and its
-# loopback give such a flood without any xla_node.
+# per second. And, once per round, the same between BEAM nodes alone, an echo server on this
+# node in the compute node's place: for the held flood, the tiny clients' calls and the flood's
+# each relayed through a callback server on their own node (answering at once, or after 20 ms),
+# as their runs call back; for the plain flood, the tiny clients ping it while the flood's node
+# sends it the plain flood's bytes (1 MiB each way per call, from as many processes): the tails
+# the machine and its loopback give such floods without any xla_node.
 #
 # Weights: a node started with `--tenant bsmalla*:weight=3` (a build without weights gets the
 # same load unweighted); two client nodes each keep 40 runs in flight whose callback answers
@@ -92,9 +94,22 @@ defmodule Bench.Tenants do
           Map.update(acc, label, [measured], &(&1 ++ [measured]))
       end
 
-    # What the machine itself gives: the same clients and flood, with a BEAM node (this one)
-    # in the compute node's place, once per round.
-    beam = for _ <- 1..rounds, do: beam_shares(clients)
+    # What the machine itself gives: the same clients and floods, with a BEAM node (this one)
+    # in the compute node's place, once per round. The held flood keeps as many calls in flight
+    # as this build's node ran runs of it at once in that round (runs per second x hold time):
+    # the node's places cap the held flood, an echo server nothing.
+    [{first, _} | _] = builds
+
+    beam =
+      for %{held: %{flood_per_s: per_s}} <- results[first] do
+        in_flight = max(round(per_s * @held_ms / 1000), 1)
+
+        %{
+          held: beam_shares(clients, :held, in_flight),
+          plain: beam_shares(clients, :plain, @flood_procs)
+        }
+      end
+
     report(builds, results)
     report_beam(beam)
 
@@ -168,28 +183,45 @@ defmodule Bench.Tenants do
     }
   end
 
-  # The plain flood's shape between BEAM nodes alone: the tiny clients ping an echo server on
-  # this node, unloaded and while the flood's node sends it @large * 4 bytes from each of
-  # @flood_procs processes and waits for them back, as the plain flood's runs do.
-  defp beam_shares([flood, a, b]) do
+  # A flood's shape between BEAM nodes alone, with an echo server on this node in the compute
+  # node's place, the tiny clients calling it unloaded and flooded. Held: each tiny call is
+  # relayed through a callback server on its client's node answering at once, and the flood's
+  # @flood_procs processes each keep a call in flight whose relay a server on their node
+  # answers after @held_ms, as the held flood's runs and the tiny runs call back. Plain: the
+  # tiny clients ping it, and the flood's processes send it @large * 4 bytes and wait for them
+  # back, as the plain flood's runs do. `procs`: the flood's processes.
+  defp beam_shares([flood, a, b], kind, procs) do
     server = Clients.echo_server()
+
+    {tiny_delay, flood_bytes, flood_delay} =
+      if kind == :held, do: {0, 16, @held_ms}, else: {nil, @large * 4, nil}
 
     small = fn ->
       [a, b]
       |> Enum.map(fn peer ->
-        args = [server, @tiny_runs, @think_ms]
+        args = [server, @tiny_runs, @think_ms, tiny_delay]
         Task.async(fn -> :erpc.call(peer, Clients, :echo_latencies, args, :infinity) end)
       end)
       |> Enum.flat_map(&Task.await(&1, :infinity))
     end
 
-    for peer <- [a, b], do: :erpc.call(peer, Clients, :echo_latencies, [server, 20, 1], 60_000)
+    for peer <- [a, b],
+        do: :erpc.call(peer, Clients, :echo_latencies, [server, 20, 1, tiny_delay], 60_000)
+
     unloaded = small.()
-    load = :erpc.call(flood, Clients, :start_echo_load, [server, @large * 4, @flood_procs])
+
+    load =
+      :erpc.call(flood, Clients, :start_echo_load, [
+        server,
+        flood_bytes,
+        procs,
+        flood_delay
+      ])
+
     {flooded, flood_per_s} = beside(load, small)
     Clients.stop(load)
     Process.exit(server, :kill)
-    %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_per_s}
+    %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_per_s, procs: procs}
   end
 
   # `measure`'s samples once `load` has run for a second, and the load's calls per second
@@ -266,16 +298,26 @@ defmodule Bench.Tenants do
   end
 
   defp report_beam(beam) do
-    for {%{unloaded: unloaded, flooded: flooded} = measured, round} <- Enum.with_index(beam, 1) do
+    for {measured, round} <- Enum.with_index(beam, 1), kind <- [:held, :plain] do
+      %{unloaded: unloaded, flooded: flooded, flood_per_s: per_s} = measured[kind]
       {u50, u99} = {median(unloaded), p99(unloaded)}
       {f50, f99} = {median(flooded), p99(flooded)}
 
+      shape =
+        case kind do
+          :held ->
+            "calls relayed through a callback server, the flood's #{measured.held.procs} in " <>
+              "flight answered after #{@held_ms} ms"
+
+          :plain ->
+            "pings beside the flood's #{div(@large * 4, 1_048_576)} MiB sent and echoed"
+        end
+
       IO.puts(
-        "  BEAM nodes alone (an echo server on a BEAM node in the compute node's place; the " <>
-          "flood's #{div(@large * 4, 1_048_576)} MiB sent and echoed), round #{round}: ping p50 " <>
-          "#{us(u50)} -> #{us(f50)} (#{ratio(f50 / u50)}x), p99 #{us(u99)} -> #{us(f99)} " <>
-          "(#{ratio(f99 / u99)}x); flood #{round(measured.flood_per_s)} calls/s: what the " <>
-          "machine gives beside the plain flood"
+        "  BEAM nodes alone (an echo server on a BEAM node in the compute node's place), round " <>
+          "#{round}, #{kind} flood (#{shape}): p50 #{us(u50)} -> #{us(f50)} (#{ratio(f50 / u50)}x), " <>
+          "p99 #{us(u99)} -> #{us(f99)} (#{ratio(f99 / u99)}x); flood #{round(per_s)} calls/s: " <>
+          "what the machine gives beside that flood"
       )
     end
   end
