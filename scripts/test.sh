@@ -91,10 +91,10 @@ trap 'rm -f "$output"' EXIT
 summary=()
 failures=()
 failed=0
-# Each failure ExUnit printed in FILE: its heading, place, assertion and stack trace (at most 40
-# lines), without the log captured with it.
+# Each failure ExUnit printed in FILE (a test, a doctest, a module's setup_all): its heading, place,
+# assertion and stack trace (at most 40 lines), without the log captured with it.
 failure_heads() {
-    awk '/^ +[0-9]+\) (test|doctest) / { on = 1; n = 0 }
+    awk '/^ +[0-9]+\) / { on = 1; n = 0 }
          on && /The following output was logged/ { on = 0 }
          on && /^[^ ]/ { on = 0 }
          on && n++ < 40 { print }' "$1"
