@@ -26,7 +26,8 @@
 #                           # third (runs held on slow callbacks, and large plain runs), and two
 #                           # saturating nodes under weights 3:1 (XLA_NODE_BENCH_BASELINE_BIN=path
 #                           # to a build of main adds arrival order, measured alike;
-#                           # XLA_NODE_BENCH_TENANTS_ROUNDS, default 3)
+#                           # XLA_NODE_BENCH_TENANTS_ROUNDS, default 3), and both floods' shapes
+#                           # between BEAM nodes alone, an echo server in the node's place
 #   bench/run.sh metrics    # only: tiny calls and runs with --metrics-addr (scraped) against without
 #                           # (XLA_NODE_BENCH_BASELINE_BIN=path/to/xla_node adds a node of that build)
 #   bench/run.sh gpu        # only: on an NVIDIA GPU, against JAX on the same GPU in the same run: a
