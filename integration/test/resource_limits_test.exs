@@ -160,12 +160,13 @@ defmodule XlaNode.ResourceLimitsTest do
 
       # Without eviction each of these programs keeps about 500 KiB alive (its constant, held by
       # the executable, and its code): the 200 compiled after the first measurement add some
-      # 100 MiB. With it, each new one replaces a destroyed one and RSS stays level (within a few
-      # MiB of allocator noise); 25 MiB leaves room for that noise and still fails plainly when
-      # nothing is destroyed.
+      # 100 MiB. With it, each new one replaces a destroyed one and RSS stays level, within the
+      # allocator's noise: a few MiB alone, up to some 25 MiB beside the rest of the suite.
+      # Half the growth without eviction leaves room for that noise and still fails plainly
+      # when nothing is destroyed.
       growth_mib = (rss_300 - rss_100) / 1024
 
-      assert growth_mib < 25,
+      assert growth_mib < 50,
              "RSS grew #{Float.round(growth_mib, 1)} MiB between 100 and 300 programs " <>
                "(#{rss_100} KiB -> #{rss_300} KiB)"
     end
