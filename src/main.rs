@@ -240,20 +240,6 @@ fn full_name(cli: &Cli) -> anyhow::Result<String> {
     })
 }
 
-/// Ends the process on arguments clap refuses (or `--help`, `--version`), as clap would. Under
-/// `--cookie-from-stdin` the parent writes the cookie as soon as it starts the node: a node
-/// refusing its arguments keeps its standard input open until that line came (a few seconds at
-/// most), so that the parent's write never meets a closed pipe, which would cost the parent this
-/// message and the exit status (an Erlang port closed by `epipe` reports neither).
-fn refuse_arguments(error: clap::Error) -> ! {
-    let _ = error.print();
-    let refused = error.use_stderr();
-    if refused && std::env::args_os().any(|arg| arg == "--cookie-from-stdin") {
-        shutdown::await_first_line(Duration::from_secs(5));
-    }
-    std::process::exit(error.exit_code())
-}
-
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -264,11 +250,15 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a terminal: a log file or a supervisor's journal gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let cli = Cli::try_parse().unwrap_or_else(|error| refuse_arguments(error));
-    // First of all: a parent waiting to write the cookie must not wait on anything else.
+    let cli = Cli::parse();
+    // First of all: a parent waiting to write the cookie must not wait on anything else. It
+    // writes it once asked (`COOKIE_PROMPT`).
     let stdin_cookie = cli
         .cookie_from_stdin
-        .then(|| shutdown::read_cookie(&mut std::io::stdin().lock()))
+        .then(|| {
+            eprintln!("{}", shutdown::COOKIE_PROMPT);
+            shutdown::read_cookie(&mut std::io::stdin().lock())
+        })
         .transpose()?;
     let tls = tls_settings(&cli)?;
     let plugin = server::locate_plugin(cli.pjrt_plugin.as_deref())?;

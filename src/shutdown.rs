@@ -125,6 +125,12 @@ pub fn bound_shutdown(reason: StopReason) {
     });
 }
 
+/// The line the node writes on standard error, under `--cookie-from-stdin`, before it reads the
+/// cookie. A parent writes the cookie once it sees it: a command that exits before (arguments
+/// refused, `ssh` failing to connect) is then never written to, and its exit status reaches the
+/// parent, where a write into its closed pipe would close an Erlang port without one.
+pub const COOKIE_PROMPT: &str = "xla_node: waiting for the cookie on standard input";
+
 /// The cookie on the first line of `input`, without its line ending. An input that ends before
 /// a line, an empty line, or one that is not UTF-8 is an error saying so.
 pub fn read_cookie(input: &mut impl BufRead) -> anyhow::Result<String> {
@@ -140,17 +146,6 @@ pub fn read_cookie(input: &mut impl BufRead) -> anyhow::Result<String> {
         anyhow::bail!("--cookie-from-stdin: the first line of standard input is empty");
     }
     Ok(cookie.to_string())
-}
-
-/// Waits at most `limit` for a first line (or the end) of standard input, on a thread of its
-/// own, and drops it.
-pub fn await_first_line(limit: Duration) {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = std::io::stdin().lock().read_line(&mut String::new());
-        let _ = sender.send(());
-    });
-    let _ = receiver.recv_timeout(limit);
 }
 
 #[cfg(test)]

@@ -99,6 +99,13 @@ impl Drop for Started {
 fn a_closed_stdin_stops_the_node_gracefully() {
     let mut node = start(&["--cookie-from-stdin", "--exit-on-stdin-close"]);
     let mut stdin = node.stdin.take().unwrap();
+    // The node asks first, as a parent writing the cookie waits for it to.
+    let asked = node.wait_for_line("waiting for the cookie");
+    assert_eq!(
+        asked,
+        [xla_node::shutdown::COOKIE_PROMPT],
+        "the node's first line asks for the cookie"
+    );
     writeln!(stdin, "lifeline-cookie").unwrap();
     // Anything after the cookie's line is read and ignored, not taken as the end.
     writeln!(stdin, "noise").unwrap();

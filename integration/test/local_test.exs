@@ -225,6 +225,61 @@ defmodule XlaNode.LocalTest do
       assert log =~ "unexpected argument"
     end
 
+    test "a command that exits before the node asks for the cookie keeps its status and lines" do
+      # Nothing is written to a command that did not ask: a write into the pipe of one that
+      # exited would close the port with `epipe` and no exit status (1 in 15 of these, before).
+      {:ok, host} = :inet.gethostname()
+
+      for round <- 1..4 do
+        1..24
+        |> Task.async_stream(
+          fn i ->
+            Process.flag(:trap_exit, true)
+
+            XlaNode.Launcher.Port.start_link(%{
+              command: "/bin/sh",
+              args: ["-c", "echo refused; exit 3"],
+              node: :"never_#{round}_#{i}@#{host}"
+            })
+          end,
+          max_concurrency: 24,
+          timeout: 60_000
+        )
+        |> Enum.each(fn {:ok, result} ->
+          assert {:error, %Error{kind: :launch_error, message: message}} = result
+
+          assert message =~
+                   "exited with status 3 before it answered :ping; its last lines:\nrefused"
+        end)
+      end
+    end
+
+    test "the cookie goes on the command's standard input once the node asks, never before" do
+      {:ok, host} = :inet.gethostname()
+      prompt = "xla_node: waiting for the cookie on standard input"
+
+      # A command that reads its input first, and one that asks (on standard error, as the
+      # node does), then reads.
+      early = ~s|line=$(timeout 1 head -n 1); echo "before asking: [$line]"; exit 4|
+      asked = ~s|echo "#{prompt}" >&2; read line; echo "once asked: [$line]"; exit 5|
+
+      for {script, status, said} <- [
+            {early, 4, "before asking: []"},
+            {asked, 5, "once asked: [#{Node.get_cookie()}]"}
+          ] do
+        assert {:error, %Error{message: message}} =
+                 XlaNode.Launcher.Port.start(%{
+                   command: "/bin/sh",
+                   args: ["-c", script],
+                   node: :"never_#{System.unique_integer([:positive])}@#{host}"
+                 })
+
+        assert message =~ "exited with status #{status} before it answered :ping"
+        assert message =~ said
+        refute message =~ prompt
+      end
+    end
+
     test "plugin: :gpu without the CUDA plugin installed" do
       if File.exists?(XlaNode.Setup.cuda_plugin()) do
         IO.puts("skipped: the CUDA plugin is installed here")

@@ -30,9 +30,10 @@ defmodule XlaNode.Launcher do
   ## A launcher of your own
 
   `XlaNode.Launcher.Port` does the hard part for any launcher whose command carries the node's
-  standard input: it writes the cookie there, holds it open (the node stops when it closes),
-  logs the command's output, waits for `:ping`, and stops it. A Kubernetes launcher, for
-  instance, can run each node as a pod attached by `kubectl run -i` (not built here):
+  standard input: it writes the cookie there when the node asks, holds it open (the node stops
+  when it closes), logs the command's output, waits for `:ping`, and stops it. A Kubernetes
+  launcher, for instance, can run each node as a pod attached by `kubectl run -i` (not built
+  here):
 
       defmodule MyApp.KubernetesLauncher do
         @behaviour XlaNode.Launcher

@@ -6,11 +6,14 @@ defmodule XlaNode.Launcher.Port do
   (`kubectl run -i`, a cloud provider's CLI; see `XlaNode.Launcher`).
 
   The command runs `xla_node` with `--cookie-from-stdin --exit-on-stdin-close` (and the node
-  name given here as `:node`). This process writes this VM's cookie on the node's standard input,
-  so that the cookie is in no command line, and holds that input open: the node stops when it
+  name given here as `:node`). This process writes this VM's cookie on the node's standard input
+  once the node asks for it (a line it writes on standard error before it reads the cookie), so
+  that the cookie is in no command line, and holds that input open: the node stops when it
   closes, which happens when this process stops and when this VM ends, however it ends
   (`kill -9` included: the kernel closes the pipe). Through `ssh` the same holds: the remote
-  node's input closes with the connection.
+  node's input closes with the connection. A command that exits before the node asks (a refused
+  argument, `ssh` failing to connect) is never written to, so that its exit status and its
+  last lines reach the error.
 
   `start_link/1` returns once the node answers `:ping` (this VM connects to it), or the error
   that kept it from doing so: the command exited (with the last lines it wrote), or did not
@@ -43,6 +46,9 @@ defmodule XlaNode.Launcher.Port do
 
   alias XlaNode.Error
 
+  # What the node writes on standard error, under --cookie-from-stdin, before it reads the
+  # cookie (`COOKIE_PROMPT` in the node's src/shutdown.rs).
+  @cookie_prompt "xla_node: waiting for the cookie on standard input"
   @log_line ~r/\A\d{4}-\d\d-\d\dT\S+\s+(TRACE|DEBUG|INFO|WARN|ERROR)\s+(.*)\z/s
   # XLA's own C++ log (absl): severity letter, date, time, thread, file:line] message.
   @absl_line ~r/\A([IWEF])\d{4} [0-9:.]+\s+\d+ (\S+\] .*)\z/s
@@ -108,6 +114,7 @@ defmodule XlaNode.Launcher.Port do
       stop_timeout: Map.get(spec, :stop_timeout, 10_000),
       port: nil,
       os_pid: nil,
+      cookie_sent: false,
       partial: "",
       lines: :queue.new()
     }
@@ -138,15 +145,7 @@ defmodule XlaNode.Launcher.Port do
       ])
 
     {:os_pid, os_pid} = Port.info(port, :os_pid)
-    state = %{state | port: port, os_pid: os_pid}
-    # A command that exits at once closes the pipe: its exit status tells why.
-    try do
-      Port.command(port, [Atom.to_string(Node.get_cookie()), ?\n])
-    rescue
-      ArgumentError -> :ok
-    end
-
-    {:ok, state}
+    {:ok, %{state | port: port, os_pid: os_pid}}
   catch
     :error, reason ->
       {:error,
@@ -198,8 +197,8 @@ defmodule XlaNode.Launcher.Port do
         state = flush_output(%{state | port: nil})
         {:done, {:error, exited_error(state, status), state}}
 
-      # The command closed its input before the cookie was written there (it exited, and an
-      # Erlang port closed by `epipe` reports no exit status).
+      # The command closed its input once the node had asked for the cookie, before it was
+      # written (an Erlang port closed by `epipe` reports no exit status).
       {:EXIT, ^port, reason} ->
         state = flush_output(%{state | port: nil})
         message = "closed its standard input (#{inspect(reason)}) before it answered :ping"
@@ -324,11 +323,37 @@ defmodule XlaNode.Launcher.Port do
   defp output(state, {:noeol, part}), do: %{state | partial: state.partial <> part}
 
   defp output(state, {:eol, line}) do
-    line = state.partial <> line
+    case state.partial <> line do
+      # Through a terminal (`ssh -t`, `kubectl -t`) the line ends in "\r\n".
+      prompt when prompt in [@cookie_prompt, @cookie_prompt <> "\r"] ->
+        send_cookie(%{state | partial: ""})
+
+      line ->
+        kept_line(state, line)
+    end
+  end
+
+  defp kept_line(state, line) do
     log(state, line)
     lines = :queue.in(line, state.lines)
     lines = if :queue.len(lines) > @kept_lines, do: :queue.drop(lines), else: lines
     %{state | partial: "", lines: lines}
+  end
+
+  # Once, when the node asks: this VM's cookie on its standard input. A port that closed
+  # meanwhile reports its exit next.
+  defp send_cookie(%{cookie_sent: true} = state), do: state
+
+  defp send_cookie(state) do
+    Logger.debug("#{state.node}: asked for the cookie", xla_node: state.node)
+
+    try do
+      Port.command(state.port, [Atom.to_string(Node.get_cookie()), ?\n])
+    rescue
+      ArgumentError -> :ok
+    end
+
+    %{state | cookie_sent: true}
   end
 
   # A line cut off by the exit.
