@@ -144,7 +144,13 @@ defmodule XlaNode.Launcher.Port do
         env: env
       ])
 
-    {:os_pid, os_pid} = Port.info(port, :os_pid)
+    # nil: the command exited already, and its exit status is on its way.
+    os_pid =
+      case Port.info(port, :os_pid) do
+        {:os_pid, os_pid} -> os_pid
+        nil -> nil
+      end
+
     {:ok, %{state | port: port, os_pid: os_pid}}
   catch
     :error, reason ->
@@ -172,7 +178,10 @@ defmodule XlaNode.Launcher.Port do
             {:ok, state}
 
           past?(deadline) ->
-            message = "did not answer :ping in time (start_timeout)#{last_lines(state)}"
+            message =
+              "did not answer :ping in time (start_timeout)#{never_asked(state)}" <>
+                last_lines(state)
+
             {:error, launch_error(state, message, :timeout), state}
 
           true ->
@@ -315,6 +324,9 @@ defmodule XlaNode.Launcher.Port do
     end
   end
 
+  # No OS pid: the command had exited when this process looked.
+  defp signal(nil, _signal), do: :ok
+
   defp signal(os_pid, signal),
     do: System.cmd("kill", ["-#{signal}", "#{os_pid}"], stderr_to_stdout: true)
 
@@ -399,6 +411,15 @@ defmodule XlaNode.Launcher.Port do
   end
 
   ## Errors
+
+  # A node that never asked for the cookie is no xla_node, or one older than this client (which
+  # read it without asking).
+  defp never_asked(%{cookie_sent: true}), do: ""
+
+  defp never_asked(_state),
+    do:
+      "; it never asked for the cookie on its standard input, as xla_node does " <>
+        "(an xla_node older than this client does not: build it from the same version)"
 
   defp exited_error(state, status) do
     lines = :queue.to_list(state.lines)
