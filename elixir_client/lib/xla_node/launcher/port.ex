@@ -357,8 +357,6 @@ defmodule XlaNode.Launcher.Port do
   defp send_cookie(%{cookie_sent: true} = state), do: state
 
   defp send_cookie(state) do
-    Logger.debug("#{state.node}: asked for the cookie", xla_node: state.node)
-
     try do
       Port.command(state.port, [Atom.to_string(Node.get_cookie()), ?\n])
     rescue
