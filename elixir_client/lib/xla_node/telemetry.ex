@@ -80,7 +80,7 @@ defmodule XlaNode.Telemetry do
       iex> XlaNode.Telemetry.span(:compile, %{node: nil}, fn -> {{:ok, :exe}, %{error: nil}} end)
       {:ok, :exe}
   """
-  @spec span(atom() | [atom()], map(), (() -> {result, map()})) :: result when result: term()
+  @spec span(atom() | [atom()], map(), (-> {result, map()})) :: result when result: term()
   def span(op, metadata, fun) do
     if function_exported?(:telemetry, :span, 3) do
       :telemetry.span([:xla_node | List.wrap(op)], metadata, fun)
