@@ -89,9 +89,12 @@ defmodule XlaNode.Load do
   checking each result, until `stop_runs/1`: load that must go on while the test does something
   to the node.
   """
-  def start_runs(node, exe), do: Task.async(fn -> run_loop(node, exe, 0, 0) end)
+  def start_runs(node, exe), do: Task.async(fn -> run_loop(node, exe, 0, []) end)
 
-  @doc "Stops a `start_runs/2` task; returns `{runs that succeeded, runs that did not}`."
+  @doc """
+  Stops a `start_runs/2` task; returns `{runs that succeeded, what the others gave}` (the
+  first five replies that were not the expected result, in order).
+  """
   def stop_runs(task) do
     send(task.pid, :stop)
     Task.await(task, 2 * @call_timeout)
@@ -99,7 +102,7 @@ defmodule XlaNode.Load do
 
   defp run_loop(node, exe, ok, failed) do
     receive do
-      :stop -> {ok, failed}
+      :stop -> {ok, Enum.reverse(failed)}
     after
       0 ->
         {bin, _} = x = f32(ok, 4)
@@ -107,7 +110,8 @@ defmodule XlaNode.Load do
 
         case GenServer.call({:xla, node.name}, {:run, exe, [x]}, 10_000) do
           {:ok, [{^expected, _}]} -> run_loop(node, exe, ok + 1, failed)
-          _ -> run_loop(node, exe, ok, failed + 1)
+          other when length(failed) < 5 -> run_loop(node, exe, ok, [other | failed])
+          _ -> run_loop(node, exe, ok, failed)
         end
     end
   end
