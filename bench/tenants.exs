@@ -137,12 +137,7 @@ defmodule Bench.Tenants do
     {tiny_exe, tiny_n, tiny_delay} = tiny
 
     small = fn ->
-      [a, b]
-      |> Enum.map(fn peer ->
-        args = [node, tiny_exe, tiny_n, @tiny_runs, @think_ms, tiny_delay]
-        Task.async(fn -> :erpc.call(peer, Clients, :latencies, args, :infinity) end)
-      end)
-      |> Enum.flat_map(&Task.await(&1, :infinity))
+      on_each([a, b], :latencies, [node, tiny_exe, tiny_n, @tiny_runs, @think_ms, tiny_delay])
     end
 
     # Warm: the programs have run from every client node.
@@ -186,8 +181,8 @@ defmodule Bench.Tenants do
   # A flood's shape between BEAM nodes alone, with an echo server on this node in the compute
   # node's place, the tiny clients calling it unloaded and flooded. Held: each tiny call is
   # relayed through a callback server on its client's node answering at once, and the flood's
-  # @flood_procs processes each keep a call in flight whose relay a server on their node
-  # answers after @held_ms, as the held flood's runs and the tiny runs call back. Plain: the
+  # `procs` processes each keep a call in flight whose relay a server on their node answers
+  # after @held_ms, as the held flood's runs and the tiny runs call back. Plain: the
   # tiny clients ping it, and the flood's processes send it @large * 4 bytes and wait for them
   # back, as the plain flood's runs do. `procs`: the flood's processes.
   defp beam_shares([flood, a, b], kind, procs) do
@@ -197,12 +192,7 @@ defmodule Bench.Tenants do
       if kind == :held, do: {0, 16, @held_ms}, else: {nil, @large * 4, nil}
 
     small = fn ->
-      [a, b]
-      |> Enum.map(fn peer ->
-        args = [server, @tiny_runs, @think_ms, tiny_delay]
-        Task.async(fn -> :erpc.call(peer, Clients, :echo_latencies, args, :infinity) end)
-      end)
-      |> Enum.flat_map(&Task.await(&1, :infinity))
+      on_each([a, b], :echo_latencies, [server, @tiny_runs, @think_ms, tiny_delay])
     end
 
     for peer <- [a, b],
@@ -222,6 +212,15 @@ defmodule Bench.Tenants do
     Clients.stop(load)
     Process.exit(server, :kill)
     %{unloaded: unloaded, flooded: flooded, flood_per_s: flood_per_s, procs: procs}
+  end
+
+  # `Clients.fun(args...)` on each of `peers` at once; their samples together.
+  defp on_each(peers, fun, args) do
+    peers
+    |> Enum.map(fn peer ->
+      Task.async(fn -> :erpc.call(peer, Clients, fun, args, :infinity) end)
+    end)
+    |> Enum.flat_map(&Task.await(&1, :infinity))
   end
 
   # `measure`'s samples once `load` has run for a second, and the load's calls per second
