@@ -4,9 +4,12 @@
 # sending batches for a fixed time. Prints batches per second for each, and the node's runs per
 # device. Then, with one caller calling in a loop and the weights held on the devices as
 # arguments: the same forward pass jitted on one device, and sharded with Nx.Defn.shard_jit
-# over every device (the batch split over a 1-D mesh, the weights whole on each), against JAX's jax.jit on one device and with NamedSharding over as many
-# CPU devices (bench/nx_devices_jax.py, jaxlib's CPU client with
-# --xla_force_host_platform_device_count set to the node's device count), in the same run.
+# over every device (the batch split over a 1-D mesh, the weights whole on each), against JAX's
+# jax.jit on one device and with NamedSharding over as many CPU devices (bench/nx_devices_jax.py,
+# jaxlib's CPU client with --xla_force_host_platform_device_count set to the node's device count),
+# in the same run. Last, the most any caller on a BEAM node could reach there: JAX's computation
+# alone (the batch already on the devices) plus a round trip between two BEAM nodes carrying the
+# call's bytes (to a process on a peer node this script starts with :peer).
 #
 # Runs inside the elixir_nx Mix project, which needs Nx (NX_PATH) and Elixir >= 1.17:
 #   cd elixir_nx && elixir --sname NAME --cookie COOKIE -S mix run ../bench/nx_devices.exs XLA_NODE_SNAME
@@ -56,6 +59,29 @@ defmodule Bench.NxDevices do
     end
   end
 
+  # Calls per second from this node to a process on a peer BEAM node, each sending `payload` and
+  # getting `reply_bytes` back, over `seconds`. `echo` is Bench.RoundTripEcho's object code.
+  def round_trip({echo, beam}, payload, reply_bytes, seconds) do
+    cookie = ~c"#{Node.get_cookie()}"
+    name = :"bench_round_trip_#{System.unique_integer([:positive])}"
+    {:ok, peer, peer_node} = :peer.start_link(%{name: name, args: [~c"-setcookie", cookie]})
+    {:module, ^echo} = :erpc.call(peer_node, :code, :load_binary, [echo, ~c"nofile", beam])
+    pid = :erpc.call(peer_node, echo, :start, [reply_bytes])
+
+    call = fn ->
+      ref = make_ref()
+      send(pid, {self(), ref, payload})
+
+      receive do
+        {^ref, _reply} -> :ok
+      end
+    end
+
+    rate = sequential(call, seconds)
+    :peer.stop(peer)
+    rate
+  end
+
   # Batches per second through `name` from `clients` processes over `seconds`.
   def throughput(name, batch, clients, seconds) do
     deadline = System.monotonic_time(:millisecond) + seconds * 1000
@@ -80,6 +106,21 @@ defmodule Bench.NxDevices do
     end
   end
 end
+
+# The process the round trip below calls, on a peer node: it answers each message with a binary
+# of a result's size. Its object code is loaded there.
+{:module, echo, echo_beam, _} =
+  defmodule Bench.RoundTripEcho do
+    def start(reply_bytes), do: spawn(fn -> loop(:binary.copy(<<0>>, reply_bytes)) end)
+
+    defp loop(reply) do
+      receive do
+        {from, ref, _payload} ->
+          send(from, {ref, reply})
+          loop(reply)
+      end
+    end
+  end
 
 params = Bench.NxDevices.params()
 batch_size = 64
@@ -143,8 +184,8 @@ params_on =
       do: Nx.backend_copy(params, {XlaNode.Backend, node: xla, device_id: device})
 
 jitted = Nx.Defn.jit(&Bench.NxDevices.forward/2, compiler: XlaNode.Compiler, node: xla)
-rate = Bench.NxDevices.sequential(fn -> jitted.(hd(params_on), x) end, seconds)
-IO.puts("  xla_node jit on one device: #{Float.round(rate, 1)} batches/s")
+jit_rate = Bench.NxDevices.sequential(fn -> jitted.(hd(params_on), x) end, seconds)
+IO.puts("  xla_node jit on one device: #{Float.round(jit_rate, 1)} batches/s")
 
 mesh = %Nx.Mesh{name: "batch", shape: {count}}
 
@@ -163,12 +204,25 @@ split = fn ->
 end
 
 before = runs.()
-rate = Bench.NxDevices.sequential(fn -> sharded.(split.()) end, seconds)
+shard_rate = Bench.NxDevices.sequential(fn -> sharded.(split.()) end, seconds)
 per_device = Enum.zip_with(runs.(), before, &(&1 - &2))
 
 IO.puts(
   "  xla_node shard_jit over #{count} devices (mesh {#{count}}, batch split): " <>
-    "#{Float.round(rate, 1)} batches/s; runs per device #{inspect(per_device)}"
+    "#{Float.round(shard_rate, 1)} batches/s; runs per device #{inspect(per_device)}"
+)
+
+# What any caller on another BEAM node pays besides the computation: a round trip between two BEAM
+# nodes that carries the call's bytes (the batch in, the result out). JAX's computation alone plus
+# that round trip is the most a caller on a BEAM node can reach, with the node adding nothing.
+result_bytes = batch_size * 16 * 4
+
+round_trip =
+  Bench.NxDevices.round_trip({echo, echo_beam}, Nx.to_binary(x), result_bytes, seconds)
+
+IO.puts(
+  "  round trip between two BEAM nodes, #{byte_size(Nx.to_binary(x))} bytes in and " <>
+    "#{result_bytes} out: #{Float.round(round_trip, 1)} calls/s (#{Float.round(1.0e6 / round_trip, 1)} us)"
 )
 
 case System.get_env("XLA_NODE_BENCH_JAX") do
@@ -190,9 +244,30 @@ case System.get_env("XLA_NODE_BENCH_JAX") do
       )
 
     if status == 0 do
-      for line <- String.split(out, "\n", trim: true),
-          line =~ "batches/s",
-          do: IO.puts("  JAX " <> line)
+      rates =
+        for line <- String.split(out, "\n", trim: true), line =~ "batches/s", into: %{} do
+          IO.puts("  JAX " <> line)
+
+          [label, rate] =
+            Regex.run(~r/^(.*): ([0-9.]+) batches\/s/, line, capture: :all_but_first)
+
+          {label, String.to_float(rate)}
+        end
+
+      # A call through another process takes at least the computation and the round trip.
+      for {what, label, ours} <- [
+            {"one device", "jit on one device", jit_rate},
+            {"#{count} devices", "jit over #{count} devices (NamedSharding)", shard_rate}
+          ] do
+        bound = 1 / (1 / rates[label <> ", computation alone"] + 1 / round_trip)
+
+        IO.puts(
+          "  on #{what}: the most a caller on a BEAM node can reach (JAX's computation alone " <>
+            "plus the round trip) #{Float.round(bound, 1)} batches/s, " <>
+            "#{Float.round(bound / rates[label], 2)}x JAX's; xla_node " <>
+            "#{Float.round(ours / rates[label], 2)}x JAX's, #{Float.round(ours / bound, 2)}x that most"
+        )
+      end
     else
       IO.puts("  JAX: failed (status #{status}): " <> String.slice(out, -500, 500))
     end

@@ -10,6 +10,8 @@ Measures, for --seconds each, with one caller calling in a loop:
     jit on one device                      jax.jit, everything on device 0
     jit over N devices (NamedSharding)     jax.jit with the batch split over a 1-D Mesh of the
                                            first N CPU devices, the weights replicated
+Each also with the batch already on the devices and the result left there, awaited ("computation
+alone"): a rate that no caller in another process can exceed.
 Prints one line per measurement: "LABEL: RATE batches/s".
 
 JAX's CPU client shows as many devices as XLA_FLAGS=--xla_force_host_platform_device_count=N
@@ -48,6 +50,19 @@ def throughput(call, x, seconds):
     return count / seconds
 
 
+def computation_rate(call, seconds):
+    """Calls per second of `call()`, its inputs already on the devices, each awaited but its
+    result left there: XLA's computation and JAX's dispatch, without the batch's way in or the
+    result's way out."""
+    call().block_until_ready()
+    count = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        call().block_until_ready()
+        count += 1
+    return count / seconds
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, required=True)
@@ -74,6 +89,9 @@ def main():
     single = jax.jit(forward)
     rate = throughput(lambda batch: single(one, jax.device_put(batch, devices[0])), x, args.seconds)
     print(f"jit on one device: {rate:.1f} batches/s", flush=True)
+    on_device = jax.device_put(x, devices[0])
+    rate = computation_rate(lambda: single(one, on_device), args.seconds)
+    print(f"jit on one device, computation alone: {rate:.1f} batches/s", flush=True)
 
     mesh = Mesh(np.array(devices), ("batch",))
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -82,6 +100,12 @@ def main():
     sharded = jax.jit(forward, in_shardings=(replicated, by_rows), out_shardings=by_rows)
     rate = throughput(lambda batch: sharded(everywhere, batch), x, args.seconds)
     print(f"jit over {args.devices} devices (NamedSharding): {rate:.1f} batches/s", flush=True)
+    split = jax.device_put(x, by_rows)
+    rate = computation_rate(lambda: sharded(everywhere, split), args.seconds)
+    print(
+        f"jit over {args.devices} devices (NamedSharding), computation alone: {rate:.1f} batches/s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
