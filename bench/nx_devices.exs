@@ -8,8 +8,9 @@
 # jax.jit on one device and with NamedSharding over as many CPU devices (bench/nx_devices_jax.py,
 # jaxlib's CPU client with --xla_force_host_platform_device_count set to the node's device count),
 # in the same run. Last, the most any caller on a BEAM node could reach there: JAX's computation
-# alone (the batch already on the devices) plus a round trip between two BEAM nodes carrying the
-# call's bytes (to a process on a peer node this script starts with :peer).
+# alone (the batch already on the devices) plus the faster of two round trips that carry the
+# call's bytes, one between two BEAM nodes (to a process on a peer node this script starts with
+# :peer), one to the node (the same run request, refused before XLA).
 #
 # Runs inside the elixir_nx Mix project, which needs Nx (NX_PATH) and Elixir >= 1.17:
 #   cd elixir_nx && elixir --sname NAME --cookie COOKIE -S mix run ../bench/nx_devices.exs XLA_NODE_SNAME
@@ -212,17 +213,34 @@ IO.puts(
     "#{Float.round(shard_rate, 1)} batches/s; runs per device #{inspect(per_device)}"
 )
 
-# What any caller on another BEAM node pays besides the computation: a round trip between two BEAM
-# nodes that carries the call's bytes (the batch in, the result out). JAX's computation alone plus
-# that round trip is the most a caller on a BEAM node can reach, with the node adding nothing.
+# What a call pays besides the computation: a round trip that carries its bytes (the batch in, the
+# result out). Between two BEAM nodes, what any executor on another node would pay; to the node,
+# the same run request refused before XLA (a program it does not hold), its own way in and out.
+# JAX's computation alone plus the faster of the two is the most a caller on a BEAM node can
+# reach: a node adding nothing else.
+batch_bin = Nx.to_binary(x)
 result_bytes = batch_size * 16 * 4
+beam_trip = Bench.NxDevices.round_trip({echo, echo_beam}, batch_bin, result_bytes, seconds)
+unknown = make_ref()
+request = {:run, unknown, [{batch_bin, {{:f, 32}, {batch_size, Bench.NxDevices.width()}}}]}
 
-round_trip =
-  Bench.NxDevices.round_trip({echo, echo_beam}, Nx.to_binary(x), result_bytes, seconds)
+node_trip =
+  Bench.NxDevices.sequential(
+    fn -> {:error, {:argument_error, _}} = GenServer.call({:xla, xla}, request) end,
+    seconds
+  )
+
+round_trip = max(beam_trip, node_trip)
+per_call = fn rate -> "#{Float.round(rate, 1)} calls/s (#{Float.round(1.0e6 / rate, 1)} us)" end
 
 IO.puts(
-  "  round trip between two BEAM nodes, #{byte_size(Nx.to_binary(x))} bytes in and " <>
-    "#{result_bytes} out: #{Float.round(round_trip, 1)} calls/s (#{Float.round(1.0e6 / round_trip, 1)} us)"
+  "  round trip between two BEAM nodes, #{byte_size(batch_bin)} bytes in and #{result_bytes} " <>
+    "out: #{per_call.(beam_trip)}"
+)
+
+IO.puts(
+  "  round trip of the same run request to the node, refused before XLA (an unknown program): " <>
+    per_call.(node_trip)
 )
 
 case System.get_env("XLA_NODE_BENCH_JAX") do
@@ -254,7 +272,7 @@ case System.get_env("XLA_NODE_BENCH_JAX") do
           {label, String.to_float(rate)}
         end
 
-      # A call through another process takes at least the computation and the round trip.
+      # A call through another process takes at least the computation and a round trip.
       for {what, label, ours} <- [
             {"one device", "jit on one device", jit_rate},
             {"#{count} devices", "jit over #{count} devices (NamedSharding)", shard_rate}
@@ -263,7 +281,7 @@ case System.get_env("XLA_NODE_BENCH_JAX") do
 
         IO.puts(
           "  on #{what}: the most a caller on a BEAM node can reach (JAX's computation alone " <>
-            "plus the round trip) #{Float.round(bound, 1)} batches/s, " <>
+            "plus the faster round trip) #{Float.round(bound, 1)} batches/s, " <>
             "#{Float.round(bound / rates[label], 2)}x JAX's; xla_node " <>
             "#{Float.round(ours / rates[label], 2)}x JAX's, #{Float.round(ours / bound, 2)}x that most"
         )
