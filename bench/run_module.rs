@@ -27,11 +27,13 @@ struct Program {
 }
 
 impl Program {
-    fn run(&self) {
+    /// One run with `lists` (a copy of `self.lists`: a run takes its arguments), its results
+    /// read back.
+    fn run(&self, mut lists: Vec<Vec<Argument>>) {
         let run = if self.exe.partition_devices().is_empty() {
-            Run::new(self.exe.clone(), vec![], self.lists[0].clone())
+            Run::new(self.exe.clone(), vec![], lists.remove(0))
         } else {
-            Run::partitioned(self.exe.clone(), self.lists.clone())
+            Run::partitioned(self.exe.clone(), lists)
         };
         for out in run.expect("arguments").execute().expect("run") {
             out.to_host().expect("read");
@@ -85,8 +87,9 @@ fn main() {
             if !gap.is_zero() {
                 std::thread::sleep(gap);
             }
+            let lists = program.lists.clone();
             let start = Instant::now();
-            program.run();
+            program.run(lists);
             times.push(start.elapsed().as_nanos());
         }
     }
