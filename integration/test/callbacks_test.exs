@@ -22,8 +22,9 @@ defmodule XlaNode.CallbacksTest do
       receive do
         {:exla_runtime_call, id, [{bin, {{:f, 32}, dims}}], {pid, ref}} ->
           out = for <<v::float-32-little <- bin>>, into: <<>>, do: <<v + 1.0::float-32-little>>
-          send(pid, {ref, {:ok, [out]}})
+          # Noted before the reply: the test asks for it as soon as its run returns.
           send_seen(id, dims)
+          send(pid, {ref, {:ok, [out]}})
       end
 
       add_one_loop()
