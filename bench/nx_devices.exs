@@ -15,7 +15,9 @@
 # Runs inside the elixir_nx Mix project, which needs Nx (NX_PATH) and Elixir >= 1.17:
 #   cd elixir_nx && elixir --sname NAME --cookie COOKIE -S mix run ../bench/nx_devices.exs XLA_NODE_SNAME
 # with XLA_NODE_BENCH_JAX naming the folder that holds JAX (scripts/kernels.sh installs it; the
-# JAX lines are skipped, saying so, without it).
+# JAX lines are skipped, saying so, without it). Where a jit and a shard_jit call's time goes,
+# stretch by stretch between the two processes, with the node started with XLA_NODE_RUN_TRACE=1
+# and XLA_NODE_RUN_TRACE_FILE=PATH on this machine, and XLA_NODE_BENCH_CALL_TRACE=PATH here.
 
 [xla_name] = System.argv()
 host = node() |> Atom.to_string() |> String.split("@") |> List.last()
@@ -81,6 +83,96 @@ defmodule Bench.NxDevices do
     rate = sequential(call, seconds)
     :peer.stop(peer)
     rate
+  end
+
+  # `n` calls of `call`, each stamped here (before it, the start and stop of its XlaNode.run,
+  # after it) and paired with the line the node wrote for its run in `trace_file` (the node's
+  # XLA_NODE_RUN_TRACE_FILE), both by the system clock; prints the median of each stretch of a
+  # call, in microseconds.
+  def call_trace(label, call, trace_file, n) do
+    Code.ensure_loaded!(:telemetry)
+    stamps = :ets.new(:call_trace, [:public])
+    handler = "bench-call-trace-#{System.unique_integer([:positive])}"
+
+    :telemetry.attach_many(
+      handler,
+      [[:xla_node, :run, :start], [:xla_node, :run, :stop]],
+      &__MODULE__.stamp/4,
+      stamps
+    )
+
+    written = trace_lines(trace_file)
+
+    calls =
+      for _ <- 1..n do
+        before = :os.system_time(:nanosecond)
+        call.()
+        after_call = :os.system_time(:nanosecond)
+        [{:start, start}] = :ets.lookup(stamps, :start)
+        [{:stop, stop}] = :ets.lookup(stamps, :stop)
+        {before, start, stop, after_call}
+      end
+
+    :telemetry.detach(handler)
+    # The node writes a run's line once its reply is out: the last may come a moment later.
+    runs = await_lines(trace_file, length(written) + n, 50) |> Enum.drop(length(written))
+
+    stretches =
+      Enum.zip_with(calls, runs, fn {before, start, stop, after_call}, run ->
+        [received, _, _, _, launched, completed, converted, _replied] = run
+
+        [
+          {"the caller, to its request", start - before},
+          {"to the node (the request's way in)", received - start},
+          {"the node, to XLA's launch", launched - received},
+          {"XLA, from its launch to the results", completed - launched},
+          {"the node, the results to terms", converted - completed},
+          {"back to the caller (the reply's way out)", stop - converted},
+          {"the caller, after the reply", after_call - stop},
+          {"the whole call", after_call - before}
+        ]
+      end)
+
+    IO.puts("  where a #{label} call's time goes, median us of #{n} calls:")
+
+    for {name, _} <- hd(stretches) do
+      values = stretches |> Enum.map(&List.keyfind!(&1, name, 0)) |> Enum.map(&elem(&1, 1))
+      median = values |> Enum.sort() |> Enum.at(div(length(values), 2))
+      IO.puts("    #{name}: #{Float.round(median / 1000, 1)}")
+    end
+  end
+
+  @doc false
+  # call_trace/4's telemetry handler: the time of a run's start or stop, by the system clock.
+  def stamp([_, _, event], _measurements, _metadata, stamps),
+    do: :ets.insert(stamps, {event, :os.system_time(:nanosecond)})
+
+  defp trace_lines(file) do
+    case File.read(file) do
+      {:ok, text} ->
+        for line <- String.split(text, "\n", trim: true),
+            do: line |> String.split() |> Enum.map(&String.to_integer/1)
+
+      {:error, :enoent} ->
+        []
+    end
+  end
+
+  defp await_lines(file, count, tries) do
+    lines = trace_lines(file)
+
+    cond do
+      length(lines) >= count ->
+        lines
+
+      tries == 0 ->
+        raise "#{file} has #{length(lines)} runs, not #{count}: is it this node's " <>
+                "XLA_NODE_RUN_TRACE_FILE, with XLA_NODE_RUN_TRACE=1?"
+
+      true ->
+        Process.sleep(100)
+        await_lines(file, count, tries - 1)
+    end
   end
 
   # Batches per second through `name` from `clients` processes over `seconds`.
@@ -212,6 +304,22 @@ IO.puts(
   "  xla_node shard_jit over #{count} devices (mesh {#{count}}, batch split): " <>
     "#{Float.round(shard_rate, 1)} batches/s; runs per device #{inspect(per_device)}"
 )
+
+# Where a call's time goes, between this node and the node, when the node writes its runs' steps
+# (started with XLA_NODE_RUN_TRACE=1 and XLA_NODE_RUN_TRACE_FILE, which this variable names).
+case System.get_env("XLA_NODE_BENCH_CALL_TRACE") do
+  nil ->
+    :ok
+
+  trace_file ->
+    Bench.NxDevices.call_trace("jit", fn -> jitted.(hd(params_on), x) end, trace_file, 3000)
+    Bench.NxDevices.call_trace("shard_jit", fn -> sharded.(split.()) end, trace_file, 3000)
+
+    # The same bytes in and out with nothing to compute: what the two ways cost by themselves.
+    slice = fn x -> Nx.slice(x, [0, 0], [batch_size, 16]) end
+    sliced = Nx.Defn.jit(slice, compiler: XlaNode.Compiler, node: xla)
+    Bench.NxDevices.call_trace("slice (no computation)", fn -> sliced.(x) end, trace_file, 3000)
+end
 
 # What a call pays besides the computation: a round trip that carries its bytes (the batch in, the
 # result out). Between two BEAM nodes, what any executor on another node would pay; to the node,

@@ -14,11 +14,19 @@
 //! to its executor thread, where they are the thread's current run until it ends; each finished
 //! run adds one sample (microseconds from `Received` to each later step) to a bounded log,
 //! whose medians `:info` reports under `run_trace`.
+//!
+//! With `XLA_NODE_RUN_TRACE_FILE=PATH` as well, each finished run is also one line of that file:
+//! the time of each step from `Received` to `Replied`, in nanoseconds since the Unix epoch by the
+//! system clock, separated by spaces. A client on the same machine stamps its own side of the
+//! call with the same clock (Erlang's `:os.system_time(:nanosecond)`) and pairs the two, call by
+//! call: where a call's time goes between the two processes (`bench/nx_call_trace.exs`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
 use std::sync::{LazyLock, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// A run's steps, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +63,27 @@ static ENABLED: LazyLock<bool> =
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
+/// The system clock's nanoseconds since the Unix epoch at [`EPOCH`].
+static EPOCH_WALL_NS: LazyLock<u64> = LazyLock::new(|| {
+    let since_epoch = EPOCH.elapsed().as_nanos() as u64;
+    let wall = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    wall.saturating_sub(since_epoch)
+});
+
+/// `XLA_NODE_RUN_TRACE_FILE`'s file, opened to append, while tracing is on.
+static TRACE_FILE: LazyLock<Option<Mutex<File>>> = LazyLock::new(|| {
+    let path = std::env::var_os("XLA_NODE_RUN_TRACE_FILE").filter(|_| enabled())?;
+    match File::options().create(true).append(true).open(&path) {
+        Ok(file) => Some(Mutex::new(file)),
+        Err(e) => {
+            tracing::warn!("XLA_NODE_RUN_TRACE_FILE {}: {e}", path.to_string_lossy());
+            None
+        }
+    }
+});
+
 /// Finished runs: microseconds from `Received` to each step of [`MEASURED`].
 static LOG: LazyLock<Mutex<VecDeque<[f64; STEPS]>>> = LazyLock::new(Mutex::default);
 
@@ -84,6 +113,18 @@ impl RunMarks {
         if let Some(at) = &mut self.0 {
             at[step as usize] = now();
         }
+    }
+
+    /// Its steps as one line of `XLA_NODE_RUN_TRACE_FILE`: each step's time by the system clock
+    /// (`epoch_wall_ns` at the probe's epoch), in nanoseconds; `None` unless every step was
+    /// reached.
+    fn clock_line(&self, epoch_wall_ns: u64) -> Option<String> {
+        let at = self.0.as_ref()?;
+        if at.contains(&0) {
+            return None;
+        }
+        let times: Vec<String> = at.iter().map(|t| (epoch_wall_ns + t).to_string()).collect();
+        Some(times.join(" ") + "\n")
     }
 
     fn sample(&self) -> Option<[f64; STEPS]> {
@@ -141,6 +182,14 @@ pub fn finished() {
     let Some(marks) = CURRENT.with(|c| c.borrow_mut().take()) else {
         return;
     };
+    if let Some(file) = TRACE_FILE.as_ref() {
+        if let Some(line) = marks.clock_line(*EPOCH_WALL_NS) {
+            let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = file.write_all(line.as_bytes()) {
+                tracing::warn!("XLA_NODE_RUN_TRACE_FILE: {e}");
+            }
+        }
+    }
     if let Some(sample) = marks.sample() {
         let mut log = LOG.lock().unwrap_or_else(|p| p.into_inner());
         if log.len() == LOG_MAX {
@@ -180,6 +229,22 @@ mod tests {
         }
         let sample = marks.sample().expect("every step reached");
         assert!(sample.windows(2).all(|w| w[0] <= w[1]), "{sample:?}");
+    }
+
+    #[test]
+    fn a_clock_line_gives_every_step_by_the_system_clock() {
+        let mut marks = RunMarks(Some([0; STEPS + 1]));
+        assert_eq!(marks.clock_line(1_000), None, "no step reached");
+        for (i, at) in marks.0.as_mut().unwrap().iter_mut().enumerate() {
+            *at = 10 * (i as u64 + 1);
+        }
+        assert_eq!(
+            marks.clock_line(1_000).as_deref(),
+            Some("1010 1020 1030 1040 1050 1060 1070 1080\n")
+        );
+        marks.0.as_mut().unwrap()[Step::Launched as usize] = 0;
+        assert_eq!(marks.clock_line(1_000), None, "a step not reached");
+        assert_eq!(RunMarks(None).clock_line(1_000), None, "tracing off");
     }
 
     #[test]
