@@ -16,10 +16,11 @@
 //! whose medians `:info` reports under `run_trace`.
 //!
 //! With `XLA_NODE_RUN_TRACE_FILE=PATH` as well, each finished run is also one line of that file:
-//! the time of each step from `Received` to `Replied`, in nanoseconds since the Unix epoch by the
-//! system clock, separated by spaces. A client on the same machine stamps its own side of the
-//! call with the same clock (Erlang's `:os.system_time(:nanosecond)`) and pairs the two, call by
-//! call: where a call's time goes between the two processes (`bench/nx_call_trace.exs`).
+//! the time of each step, in [`Step`]'s order, in nanoseconds since the Unix epoch by the system
+//! clock, separated by spaces. A client on the same machine stamps its own side of the call with
+//! the same clock (Erlang's `:os.system_time(:nanosecond)`) and pairs the two, call by call:
+//! where a call's time goes between the two processes (`bench/nx_devices.exs` does, given
+//! `XLA_NODE_BENCH_CALL_TRACE`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
