@@ -7,7 +7,9 @@
 //! reference, monitors), the request term is [`Step::Built`], [`Step::Encoded`] into a frame and
 //! [`Step::Written`] (handed to the connection), the reply's frame is [`Step::ReplyRead`] off the
 //! socket and decoded, [`Step::Delivered`] into the waiting process's mailbox, the waiting thread
-//! [`Step::Woken`] holds it, and the custom call [`Step::Returned`].
+//! [`Step::Woken`] holds it, and the custom call [`Step::Returned`]. The reply can be read and
+//! delivered before the custom call's thread notes `Written`, when its write woke the peer on
+//! its CPU.
 //!
 //! The custom call's thread keeps its callback's marks in a thread-local; the network side finds
 //! them through the waiting process's pid, registered while the callback waits. Each finished
