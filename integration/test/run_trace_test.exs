@@ -56,6 +56,46 @@ defmodule XlaNode.RunTraceTest do
     assert Harness.eventually(fn -> info(node).run_trace.samples == 50 end)
   end
 
+  test "with a trace file as well, each run is a line of its steps by the system clock" do
+    file = Path.join(System.tmp_dir!(), "xla_run_trace_#{System.unique_integer([:positive])}")
+    on_exit(fn -> File.rm(file) end)
+
+    node =
+      Harness.start_node(env: [{"XLA_NODE_RUN_TRACE", "1"}, {"XLA_NODE_RUN_TRACE_FILE", file}])
+
+    before = :os.system_time(:nanosecond)
+    run(node, 5, [])
+    answered = :os.system_time(:nanosecond)
+
+    # A run's line is written once its reply is, after the caller may have it.
+    runs = Harness.eventually(fn -> (runs = trace_lines(file)) |> length() == 5 and runs end)
+
+    for [received, _checked, _started, _entered, _launched, _completed, converted, _replied] =
+          steps <- runs do
+      assert steps == Enum.sort(steps), "steps out of order: #{inspect(steps)}"
+      # The caller's clock and the node's are the same: each run within the caller's calls.
+      assert before <= received and converted <= answered, inspect({before, steps, answered})
+    end
+  end
+
+  test "a trace file without the switch stays unwritten" do
+    file = Path.join(System.tmp_dir!(), "xla_run_trace_#{System.unique_integer([:positive])}")
+    node = Harness.start_node(env: [{"XLA_NODE_RUN_TRACE_FILE", file}])
+    run(node, 3, [])
+    refute File.exists?(file)
+  end
+
+  defp trace_lines(file) do
+    case File.read(file) do
+      {:ok, text} ->
+        for line <- String.split(text, "\n", trim: true),
+            do: line |> String.split() |> Enum.map(&String.to_integer/1)
+
+      {:error, :enoent} ->
+        []
+    end
+  end
+
   test "off by default" do
     node = Harness.start_node()
     run(node, 3, [])
