@@ -85,16 +85,16 @@ defmodule XlaNode.RunTraceTest do
     refute File.exists?(file)
   end
 
+  # The file's runs, each a list of step times; none before its first line is written.
   defp trace_lines(file) do
-    case File.read(file) do
-      {:ok, text} ->
-        for line <- String.split(text, "\n", trim: true),
-            do: line |> String.split() |> Enum.map(&String.to_integer/1)
-
-      {:error, :enoent} ->
-        []
+    with {:ok, text} <- File.read(file) do
+      text |> String.split("\n", trim: true) |> Enum.map(&integers/1)
+    else
+      {:error, :enoent} -> []
     end
   end
+
+  defp integers(line), do: line |> String.split() |> Enum.map(&String.to_integer/1)
 
   test "off by default" do
     node = Harness.start_node()
