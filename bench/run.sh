@@ -17,7 +17,8 @@
 #                           # jit on one device and shard_jit over every device against JAX's
 #                           # jit on one and with NamedSharding over as many CPU devices, and
 #                           # the most a caller on a BEAM node could reach there (JAX's
-#                           # computation alone plus a BEAM round trip of the call's bytes)
+#                           # computation alone plus the faster round trip of the call's
+#                           # bytes, between two BEAM nodes or to the node, refused before XLA)
 #   bench/run.sh pool       # only: XlaNode.Pool failover time, throughput on one and two nodes
 #   bench/run.sh lifetime   # only: what a tensor's lifetime (XlaNode.Keeper) costs, per tensor made
 #                           # and per sweep, against an eager operation's request
